@@ -1,0 +1,287 @@
+"""The tensor contract of every model in the repository: one place, used by everything.
+
+Names, dtypes and dims follow NVIDIA's `inflight_batcher_llm` v0.14 models so that existing clients
+(end_to_end_grpc_client.py, inflight_batcher_llm_client.py, genai-perf's tensorrtllm converter) work
+unchanged. Our additions are marked `extension=True`; they are all optional, so a v0.14 client never
+notices them.
+
+The config renderer writes the `input [...]` / `output [...]` blocks of each config.pbtxt from these
+specs, and the Python models read requests through them (`bls.triton_io`), so a tensor is declared once.
+Dims exclude the batch dimension (every model has max_batch_size > 0).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Triton data type name -> numpy dtype (BYTES/STRING tensors arrive as numpy object arrays of bytes).
+NUMPY_DTYPES: dict[str, type] = {
+    "TYPE_BOOL": np.bool_,
+    "TYPE_INT32": np.int32,
+    "TYPE_INT64": np.int64,
+    "TYPE_UINT64": np.uint64,
+    "TYPE_UINT8": np.uint8,
+    "TYPE_FP16": np.float16,
+    "TYPE_FP32": np.float32,
+    "TYPE_STRING": np.object_,
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+    optional: bool = True
+    # `reshape: { shape: [ ] }`: the backend sees [batch] instead of [batch, 1] (upstream does this for
+    # the scalar inputs of tensorrt_llm so that its C++ backend reads them as scalars).
+    reshape_scalar: bool = False
+    allow_ragged_batch: bool = False
+    extension: bool = False
+
+    @property
+    def numpy_dtype(self) -> type:
+        return NUMPY_DTYPES[self.data_type]
+
+    def to_pbtxt(self, is_output: bool = False) -> str:
+        fields = [f'name: "{self.name}"', f"data_type: {self.data_type}", f"dims: [ {', '.join(map(str, self.dims))} ]"]
+        if is_output:
+            return "  {\n    " + "\n    ".join(fields) + "\n  }"
+        if self.reshape_scalar:
+            fields.append("reshape: { shape: [ ] }")
+        if self.optional:
+            fields.append("optional: true")
+        if self.allow_ragged_batch:
+            fields.append("allow_ragged_batch: true")
+        return "  {\n    " + "\n    ".join(fields) + "\n  }"
+
+
+@dataclass(frozen=True)
+class ModelContract:
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    def input(self, name: str) -> TensorSpec:
+        return self._by_name(self.inputs, name)
+
+    def output(self, name: str) -> TensorSpec:
+        return self._by_name(self.outputs, name)
+
+    @staticmethod
+    def _by_name(specs: tuple[TensorSpec, ...], name: str) -> TensorSpec:
+        for spec in specs:
+            if spec.name == name:
+                return spec
+        raise KeyError(name)
+
+    def to_pbtxt(self) -> str:
+        inputs = ",\n".join(s.to_pbtxt() for s in self.inputs)
+        outputs = ",\n".join(s.to_pbtxt(is_output=True) for s in self.outputs)
+        return f"input [\n{inputs}\n]\noutput [\n{outputs}\n]"
+
+
+def _t(name, data_type, dims, **kw) -> TensorSpec:
+    return TensorSpec(name, data_type, tuple(dims), **kw)
+
+
+def _scalar(name, data_type, **kw) -> TensorSpec:
+    return TensorSpec(name, data_type, (1,), **kw)
+
+
+# ----------------------------------------------------------------------------------------------------
+# tensorrt_llm: the engine. The C++ tensorrtllm backend and our embedded engine share this contract.
+# ----------------------------------------------------------------------------------------------------
+_ENGINE_SCALAR = dict(reshape_scalar=True)
+
+TENSORRT_LLM = ModelContract(
+    inputs=(
+        _t("input_ids", "TYPE_INT32", [-1], optional=False, allow_ragged_batch=True),
+        _scalar("input_lengths", "TYPE_INT32", optional=False, **_ENGINE_SCALAR),
+        _scalar("request_output_len", "TYPE_INT32", optional=False, **_ENGINE_SCALAR),
+        _scalar("num_return_sequences", "TYPE_INT32", **_ENGINE_SCALAR),
+        _t("draft_input_ids", "TYPE_INT32", [-1], allow_ragged_batch=True),
+        _t("decoder_input_ids", "TYPE_INT32", [-1], allow_ragged_batch=True),
+        _scalar("decoder_input_lengths", "TYPE_INT32", **_ENGINE_SCALAR),
+        _t("draft_logits", "TYPE_FP32", [-1, -1], allow_ragged_batch=True),
+        _scalar("draft_acceptance_threshold", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("end_id", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("pad_id", "TYPE_INT32", **_ENGINE_SCALAR),
+        _t("stop_words_list", "TYPE_INT32", [2, -1], allow_ragged_batch=True),
+        _t("bad_words_list", "TYPE_INT32", [2, -1], allow_ragged_batch=True),
+        _t("embedding_bias", "TYPE_FP32", [-1], allow_ragged_batch=True),
+        _scalar("beam_width", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("temperature", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("runtime_top_k", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("runtime_top_p", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("runtime_top_p_min", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("runtime_top_p_decay", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("runtime_top_p_reset_ids", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("len_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("early_stopping", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("repetition_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("min_length", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("beam_search_diversity_rate", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("presence_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("frequency_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
+        _scalar("random_seed", "TYPE_UINT64", **_ENGINE_SCALAR),
+        _scalar("return_log_probs", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("return_context_logits", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("return_generation_logits", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("exclude_input_in_output", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("stop", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("streaming", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _t("prompt_embedding_table", "TYPE_FP16", [-1, -1], allow_ragged_batch=True),
+        _t("prompt_table_extra_ids", "TYPE_UINT64", [-1], allow_ragged_batch=True),
+        _scalar("prompt_vocab_size", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("lora_task_id", "TYPE_UINT64", **_ENGINE_SCALAR),
+        _t("lora_weights", "TYPE_FP16", [-1, -1], allow_ragged_batch=True),
+        _t("lora_config", "TYPE_INT32", [-1, 3], allow_ragged_batch=True),
+        _t("context_phase_params", "TYPE_UINT8", [-1], allow_ragged_batch=True),
+    ),
+    outputs=(
+        _t("output_ids", "TYPE_INT32", [-1, -1]),
+        _t("sequence_length", "TYPE_INT32", [-1]),
+        _t("cum_log_probs", "TYPE_FP32", [-1]),
+        _t("output_log_probs", "TYPE_FP32", [-1, -1]),
+        _t("context_logits", "TYPE_FP32", [-1, -1]),
+        _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
+        _scalar("batch_index", "TYPE_INT32"),
+        _scalar("sequence_index", "TYPE_INT32"),
+        _t("context_phase_params", "TYPE_UINT8", [-1]),
+    ),
+)
+
+# Inputs the embedded engine honours; any other optional input present in a request is rejected by
+# name rather than silently ignored.
+EMBEDDED_ENGINE_SUPPORTED_INPUTS = frozenset(
+    {
+        "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids",
+        "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias", "beam_width",
+        "temperature", "runtime_top_k", "runtime_top_p", "repetition_penalty", "min_length",
+        "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+        "return_context_logits", "return_generation_logits", "exclude_input_in_output", "stop",
+        "streaming",
+        # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
+        # ignores them, as the tensorrtllm backend does.
+        "decoder_input_ids", "decoder_input_lengths",
+    }
+)
+
+# ----------------------------------------------------------------------------------------------------
+# preprocessing
+# ----------------------------------------------------------------------------------------------------
+PREPROCESSING = ModelContract(
+    inputs=(
+        # v0.14 marks QUERY required; it is optional here because MESSAGES may replace it. The model
+        # checks that exactly one of the two is present.
+        _scalar("QUERY", "TYPE_STRING"),
+        _scalar("MESSAGES", "TYPE_STRING", extension=True),
+        _scalar("DECODER_QUERY", "TYPE_STRING"),
+        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+        _t("BAD_WORDS_DICT", "TYPE_STRING", [-1]),
+        _t("STOP_WORDS_DICT", "TYPE_STRING", [-1]),
+        _t("EMBEDDING_BIAS_WORDS", "TYPE_STRING", [-1]),
+        _t("EMBEDDING_BIAS_WEIGHTS", "TYPE_FP32", [-1]),
+        _scalar("END_ID", "TYPE_INT32"),
+        _scalar("PAD_ID", "TYPE_INT32"),
+        _scalar("PROMPT_TABLE_EXTRA_ID", "TYPE_UINT64"),
+    ),
+    outputs=(
+        _t("INPUT_ID", "TYPE_INT32", [-1]),
+        _scalar("REQUEST_INPUT_LEN", "TYPE_INT32"),
+        _t("DECODER_INPUT_ID", "TYPE_INT32", [-1]),
+        _scalar("REQUEST_DECODER_INPUT_LEN", "TYPE_INT32"),
+        _t("BAD_WORDS_IDS", "TYPE_INT32", [2, -1]),
+        _t("STOP_WORDS_IDS", "TYPE_INT32", [2, -1]),
+        _t("EMBEDDING_BIAS", "TYPE_FP32", [-1]),
+        _t("REQUEST_OUTPUT_LEN", "TYPE_INT32", [-1]),
+        _scalar("OUT_END_ID", "TYPE_INT32"),
+        _scalar("OUT_PAD_ID", "TYPE_INT32"),
+        _t("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", [-1]),
+    ),
+)
+
+# ----------------------------------------------------------------------------------------------------
+# postprocessing
+# ----------------------------------------------------------------------------------------------------
+POSTPROCESSING = ModelContract(
+    inputs=(
+        _t("TOKENS_BATCH", "TYPE_INT32", [-1, -1], optional=False),
+        _t("SEQUENCE_LENGTH", "TYPE_INT32", [-1], optional=False),
+    ),
+    outputs=(_t("OUTPUT", "TYPE_STRING", [-1]),),
+)
+
+# ----------------------------------------------------------------------------------------------------
+# ensemble and tensorrt_llm_bls: the text-level API
+# ----------------------------------------------------------------------------------------------------
+_TEXT_API_INPUTS = (
+    _scalar("text_input", "TYPE_STRING"),  # v0.14: required; optional here because `messages` may replace it
+    _scalar("messages", "TYPE_STRING", extension=True),
+    _scalar("decoder_text_input", "TYPE_STRING"),
+    _scalar("max_tokens", "TYPE_INT32", optional=False),
+    _t("bad_words", "TYPE_STRING", [-1]),
+    _t("stop_words", "TYPE_STRING", [-1]),
+    _scalar("end_id", "TYPE_INT32"),
+    _scalar("pad_id", "TYPE_INT32"),
+    _scalar("top_k", "TYPE_INT32"),
+    _scalar("top_p", "TYPE_FP32"),
+    _scalar("temperature", "TYPE_FP32"),
+    _scalar("length_penalty", "TYPE_FP32"),
+    _scalar("repetition_penalty", "TYPE_FP32"),
+    _scalar("min_length", "TYPE_INT32"),
+    _scalar("presence_penalty", "TYPE_FP32"),
+    _scalar("frequency_penalty", "TYPE_FP32"),
+    _scalar("random_seed", "TYPE_UINT64"),
+    _scalar("return_log_probs", "TYPE_BOOL"),
+    _scalar("return_context_logits", "TYPE_BOOL"),
+    _scalar("return_generation_logits", "TYPE_BOOL"),
+    _scalar("num_return_sequences", "TYPE_INT32"),
+    _scalar("beam_width", "TYPE_INT32"),
+    _scalar("stream", "TYPE_BOOL"),
+    _scalar("exclude_input_in_output", "TYPE_BOOL", extension=True),
+    _t("prompt_embedding_table", "TYPE_FP16", [-1, -1]),
+    _scalar("prompt_table_extra_id", "TYPE_UINT64"),
+    _scalar("prompt_vocab_size", "TYPE_INT32"),
+    _t("embedding_bias_words", "TYPE_STRING", [-1]),
+    _t("embedding_bias_weights", "TYPE_FP32", [-1]),
+)
+
+_TEXT_API_OUTPUTS = (
+    _t("text_output", "TYPE_STRING", [-1]),
+    _t("cum_log_probs", "TYPE_FP32", [-1]),
+    _t("output_log_probs", "TYPE_FP32", [-1, -1]),
+    _t("context_logits", "TYPE_FP32", [-1, -1]),
+    _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
+    _scalar("batch_index", "TYPE_INT32"),
+    _scalar("sequence_index", "TYPE_INT32"),
+)
+
+ENSEMBLE = ModelContract(inputs=_TEXT_API_INPUTS, outputs=_TEXT_API_OUTPUTS)
+
+TENSORRT_LLM_BLS = ModelContract(
+    inputs=_TEXT_API_INPUTS
+    + (
+        _scalar("num_draft_tokens", "TYPE_INT32"),
+        _scalar("use_draft_logits", "TYPE_BOOL"),
+    ),
+    outputs=_TEXT_API_OUTPUTS
+    + (
+        _scalar("finish_reason", "TYPE_STRING", extension=True),
+        _scalar("num_input_tokens", "TYPE_INT32", extension=True),
+        _scalar("num_output_tokens", "TYPE_INT32", extension=True),
+        _scalar("acceptance_rate", "TYPE_FP32", extension=True),
+        _scalar("total_accepted_draft_tokens", "TYPE_INT32", extension=True),
+        _scalar("total_draft_tokens", "TYPE_INT32", extension=True),
+    ),
+)
+
+CONTRACTS: dict[str, ModelContract] = {
+    "tensorrt_llm": TENSORRT_LLM,
+    "preprocessing": PREPROCESSING,
+    "postprocessing": POSTPROCESSING,
+    "ensemble": ENSEMBLE,
+    "tensorrt_llm_bls": TENSORRT_LLM_BLS,
+}

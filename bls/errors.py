@@ -1,0 +1,25 @@
+"""Errors that become clean, per-request Triton errors (never a traceback for the client)."""
+
+from __future__ import annotations
+
+
+class InvalidRequest(ValueError):
+    """A request the client must fix. Becomes a Triton INVALID_ARG error naming the field."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class ModelStepError(RuntimeError):
+    """A model this one called (preprocessing, the engine, the draft...) answered with an error.
+
+    The message is the inner model's own message, prefixed with its name; it is passed on as is
+    because the inner model already produced a client-facing text.
+    """
+
+    def __init__(self, model_name: str, message: str, client_error: bool = True):
+        super().__init__(f"{model_name}: {message}")
+        self.model_name = model_name
+        self.client_error = client_error

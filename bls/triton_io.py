@@ -1,0 +1,199 @@
+"""The seam between Triton's Python backend and our plain-Python code.
+
+Everything that touches `triton_python_backend_utils` objects (requests, responses, errors) goes
+through here, so the logic modules deal only in numpy arrays and dataclasses and are unit-tested
+without Triton.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import traceback
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+
+import triton_python_backend_utils as pb_utils
+
+from bls.contract import ModelContract
+from bls.errors import InvalidRequest, ModelStepError
+
+log = logging.getLogger(__name__)
+
+Tensors = dict[str, np.ndarray]
+
+
+def read_inputs(request: Any, contract: ModelContract) -> Tensors:
+    """All inputs present in `request`, as numpy arrays, with required ones enforced.
+
+    Triton 2.51 stops enforcing required inputs as soon as any optional input is present, so the
+    check is repeated here. Dtype and dims were already checked by Triton against the config.
+    """
+    tensors: Tensors = {}
+    for spec in contract.inputs:
+        tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
+        if tensor is None:
+            if not spec.optional:
+                raise InvalidRequest(spec.name, "is required")
+            continue
+        tensors[spec.name] = tensor.as_numpy()
+    return tensors
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    raw = request.parameters()
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError:
+        return {}
+
+
+def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
+    """config.pbtxt `parameters` as a plain dict; unfilled `${...}` placeholders count as unset."""
+    params = {}
+    for key, value in model_config.get("parameters", {}).items():
+        text = value.get("string_value", "")
+        if text and not text.startswith("${"):
+            params[key] = text
+    return params
+
+
+def parse_bool(value: str | None, default: bool, name: str) -> bool:
+    if value is None:
+        return default
+    lowered = value.strip().lower()
+    if lowered in {"true", "1", "yes", "y", "t", "on"}:
+        return True
+    if lowered in {"false", "0", "no", "n", "f", "off"}:
+        return False
+    raise ValueError(f"model parameter {name}={value!r} is not a boolean")
+
+
+def make_response(outputs: Mapping[str, np.ndarray]) -> Any:
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(array)) for name, array in outputs.items()]
+    )
+
+
+def error_response(error: BaseException, model_name: str) -> Any:
+    """A client-facing error: the field and the problem, never a traceback (that goes to the log)."""
+    if isinstance(error, InvalidRequest):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
+    if isinstance(error, ModelStepError):
+        code = pb_utils.TritonError.INVALID_ARG if error.client_error else pb_utils.TritonError.INTERNAL
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
+    pb_utils.Logger.log_error(f"{model_name}: unexpected error\n{traceback.format_exc()}")
+    message = f"{model_name}: internal error ({type(error).__name__}: {error}); see the server log"
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+
+
+def output_tensor(response: Any, name: str) -> np.ndarray | None:
+    tensor = pb_utils.get_output_tensor_by_name(response, name)
+    return None if tensor is None else tensor.as_numpy()
+
+
+def raise_for_error(response: Any, model_name: str) -> None:
+    """Turn an error response of a BLS child request into a ModelStepError."""
+    if response.has_error():
+        message = response.error().message()
+        code = response.error().code()
+        client_error = code in (pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.UNSUPPORTED)
+        raise ModelStepError(model_name, message, client_error=client_error)
+
+
+class SafeSender:
+    """A response sender that always ends the stream once and survives client disconnects.
+
+    Every decoupled model must send the FINAL flag exactly once, also on errors, or the client hangs.
+    Sends from several threads are serialised: the 2.51 stub is not safe against concurrent calls on
+    one sender.
+    """
+
+    def __init__(self, request: Any, model_name: str):
+        self._sender = request.get_response_sender()
+        self._model_name = model_name
+        self._lock = threading.Lock()
+        self._closed = False
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def is_cancelled(self) -> bool:
+        with self._lock:
+            return self._closed or self._sender.is_cancelled()
+
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
+        self._send(make_response(outputs), final)
+
+    def send_error(self, error: BaseException) -> None:
+        self._send(error_response(error, self._model_name), final=True)
+
+    def finish(self) -> None:
+        """Close the stream with an empty final response (no-op if already closed)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _send(self, response: Any, final: bool) -> None:
+        with self._lock:
+            if self._closed:
+                return
+            flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
+            self._closed = final
+            self._sender.send(response, flags=flags)
+
+
+class Metrics:
+    """Custom Prometheus metrics, with every pb_utils metric call behind one process-wide lock.
+
+    Triton 2.51 crashes (SIGSEGV / boost lock_exception) when metric calls come from several threads at
+    once. Families stay referenced here: a metric whose family was garbage-collected fails.
+    """
+
+    _lock = threading.Lock()
+
+    def __init__(self):
+        self._families: list[Any] = []
+
+    def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
+        return self._metric(name, description, pb_utils.MetricFamily.COUNTER, labels)
+
+    def gauge(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
+        return self._metric(name, description, pb_utils.MetricFamily.GAUGE, labels)
+
+    def histogram(self, name: str, description: str, labels: Mapping[str, str], buckets: Iterable[float]) -> "_Metric":
+        with self._lock:
+            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.HISTOGRAM)
+            self._families.append(family)
+            return _Metric(family.Metric(labels=dict(labels), buckets=list(buckets)), self._lock)
+
+    def _metric(self, name, description, kind, labels) -> "_Metric":
+        with self._lock:
+            family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+            self._families.append(family)
+            return _Metric(family.Metric(labels=dict(labels)), self._lock)
+
+
+class _Metric:
+    def __init__(self, metric: Any, lock: threading.Lock):
+        self._metric = metric
+        self._lock = lock
+
+    def increment(self, value: float = 1.0) -> None:
+        with self._lock:
+            self._metric.increment(value)
+
+    def set(self, value: float) -> None:
+        with self._lock:
+            self._metric.set(value)
+
+    def observe(self, value: float) -> None:
+        with self._lock:
+            self._metric.observe(value)

@@ -1,0 +1,3 @@
+from engine_build.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,199 @@
+"""`python -m engine_build`: HF checkpoint -> AWQ checkpoint -> engine -> Triton model repository.
+
+Stages (each runnable alone):
+  assets     the real Llama 3 tokenizer and the tiny default target/draft models (CPU, ~1 min)
+  quantize   HF checkpoint -> AWQ int4 (group 128) TensorRT-LLM checkpoint with nvidia-modelopt
+  build      trtllm-build (GPU, TensorRT-LLM 1.2.x)
+  assemble   engines/checkpoints + rendered configs -> model repository
+  repo       all of the above, as `make repo` runs them
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+from engine_build.repository import RepositorySettings, assemble_repository
+
+ASSET_SOURCES = ("tokenizer_assets.py", "tiny_models.py", "quantize.py", "data/calibration.txt")
+
+
+def _stage(message: str) -> None:
+    print(f"[engine_build {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def _assets_fingerprint(seed: int) -> str:
+    digest = hashlib.sha256(str(seed).encode())
+    here = Path(__file__).parent
+    for name in ASSET_SOURCES:
+        digest.update((here / name).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def build_default_assets(assets: Path, seed: int = 0) -> dict[str, Path]:
+    """Tokenizer, tiny target + draft (HF, fp32) and their AWQ checkpoints; reused while up to date."""
+    from engine_build.quantize import quantize_awq
+    from engine_build.tiny_models import write_tiny_models
+    from engine_build.tokenizer_assets import write_llama3_tokenizer
+
+    paths = {
+        "tokenizer": assets / "tokenizer",
+        "target_hf": assets / "tiny-target-hf",
+        "draft_hf": assets / "tiny-draft-hf",
+        "target_awq": assets / "tiny-target-awq",
+        "draft_awq": assets / "tiny-draft-awq",
+    }
+    stamp = assets / "assets.json"
+    fingerprint = _assets_fingerprint(seed)
+    if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
+        _stage(f"default assets in {assets} are up to date")
+        return paths
+    _stage("converting the Llama 3 tokenizer from llama-models")
+    write_llama3_tokenizer(paths["tokenizer"])
+    _stage("writing the tiny Llama-3-architecture target and draft models")
+    write_tiny_models(paths["target_hf"], paths["draft_hf"], paths["tokenizer"], seed=seed)
+    for name in ("target", "draft"):
+        _stage(f"AWQ int4 quantization of the tiny {name} (nvidia-modelopt)")
+        quantize_awq(paths[f"{name}_hf"], paths[f"{name}_awq"])
+    stamp.write_text(json.dumps({"fingerprint": fingerprint, "seed": seed}) + "\n")
+    return paths
+
+
+def cmd_assets(args) -> None:
+    build_default_assets(args.out, args.seed)
+
+
+def cmd_quantize(args) -> None:
+    from engine_build.quantize import quantize_awq
+
+    calib = args.calib.read_text().split("\n\n") if args.calib else None
+    quantize_awq(args.hf_model, args.out, calib_texts=calib, tp_size=args.tp, pp_size=args.pp)
+
+
+def cmd_build(args) -> None:
+    from engine_build.trtllm import run_trtllm_build
+
+    run_trtllm_build(
+        args.checkpoint, args.out, max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
+        max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens, max_draft_len=args.max_draft_len,
+        workers=args.tp * args.pp,
+    )
+
+
+def cmd_assemble(args) -> None:
+    settings = RepositorySettings(
+        engine=args.engine, tokenizer_dir=args.tokenizer, target=args.target, draft=args.draft,
+        synthetic=args.synthetic, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        max_draft_len=args.max_draft_len,
+    )
+    out = assemble_repository(args.repo, settings)
+    _stage(f"model repository ready: {out}")
+
+
+def cmd_repo(args) -> None:
+    """What `make repo` runs: the default is the embedded engine on the tiny AWQ model."""
+    assets = args.assets
+    if args.engine == "embedded":
+        if args.hf_model:
+            tokenizer, target, draft = args.hf_model, args.hf_model, args.draft_hf_model
+            if args.quantize:
+                _stage(f"AWQ int4 quantization of {args.hf_model} on CPU (slow for large models)")
+                from engine_build.quantize import quantize_awq
+
+                target = quantize_awq(args.hf_model, assets / "target-awq")
+        else:
+            paths = build_default_assets(assets, args.seed)
+            tokenizer, target, draft = paths["tokenizer"], paths["target_awq"], paths["draft_awq"]
+        args.tokenizer, args.target, args.draft = tokenizer, target, draft
+        cmd_assemble(args)
+        return
+
+    # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x.
+    if not args.hf_model:
+        raise SystemExit("ENGINE=trtllm needs HF_MODEL=/path/to/a Llama 3 HF checkpoint")
+    from engine_build.quantize import quantize_awq
+    from engine_build.trtllm import run_trtllm_build
+
+    engines = {}
+    for role, hf in (("target", args.hf_model), ("draft", args.draft_hf_model)):
+        if hf is None:
+            continue
+        _stage(f"{role}: AWQ int4 quantization of {hf}")
+        checkpoint = quantize_awq(hf, assets / f"{role}-awq", tp_size=args.tp, pp_size=args.pp)
+        _stage(f"{role}: trtllm-build")
+        engines[role] = run_trtllm_build(
+            checkpoint, assets / f"{role}-engine", max_batch_size=args.max_batch_size,
+            max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens,
+            max_draft_len=args.max_draft_len if role == "target" and args.draft_hf_model else 0,
+            workers=args.tp * args.pp,
+        )
+    args.tokenizer, args.target, args.draft = args.hf_model, engines["target"], engines.get("draft")
+    cmd_assemble(args)
+
+
+def _limits(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-batch-size", type=int, default=8)
+    parser.add_argument("--max-input-len", type=int, default=3072)
+    parser.add_argument("--max-seq-len", type=int, default=4096)
+    parser.add_argument("--max-num-tokens", type=int, default=8192)
+    parser.add_argument("--max-draft-len", type=int, default=8)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine_build", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("assets", help="tokenizer + tiny default models (+ their AWQ checkpoints)")
+    p.add_argument("--out", type=Path, default=Path("build/assets"))
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_assets)
+
+    p = sub.add_parser("quantize", help="HF checkpoint -> AWQ int4 TensorRT-LLM checkpoint")
+    p.add_argument("--hf-model", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--calib", type=Path, help="calibration text file (paragraphs separated by blank lines)")
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    p.set_defaults(func=cmd_quantize)
+
+    p = sub.add_parser("build", help="trtllm-build (GPU)")
+    p.add_argument("--checkpoint", type=Path, required=True)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--tp", type=int, default=1)
+    p.add_argument("--pp", type=int, default=1)
+    _limits(p)
+    p.set_defaults(func=cmd_build)
+
+    for name, func, help_text in (("assemble", cmd_assemble, "checkpoints/engines + configs -> repository"),
+                                  ("repo", cmd_repo, "every stage, as `make repo`")):
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--engine", choices=("embedded", "trtllm"), default="embedded")
+        p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+        p.add_argument("--synthetic", action="store_true", help="embedded engine emits tokens without a model")
+        _limits(p)
+        if name == "assemble":
+            p.add_argument("--tokenizer", type=Path, required=True)
+            p.add_argument("--target", type=Path, required=True)
+            p.add_argument("--draft", type=Path)
+        else:
+            p.add_argument("--assets", type=Path, default=Path("build/assets"))
+            p.add_argument("--hf-model", type=Path)
+            p.add_argument("--draft-hf-model", type=Path)
+            p.add_argument("--quantize", action="store_true", help="embedded + HF_MODEL: serve an AWQ copy")
+            p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--tp", type=int, default=1)
+            p.add_argument("--pp", type=int, default=1)
+        p.set_defaults(func=func)
+
+    args = parser.parse_args(argv)
+    args.func(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

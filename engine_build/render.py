@@ -1,0 +1,66 @@
+"""Render config.pbtxt templates and prove every result is a valid Triton ModelConfig.
+
+Templates use `${key}` placeholders. Unlike upstream's fill_template.py, rendering is strict: a key the
+template does not use, or a placeholder left unfilled, is an error, and the rendered text must parse as
+a `inference.ModelConfig` protobuf (the schema tritonserver itself parses).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Mapping
+
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+from bls.contract import CONTRACTS
+
+PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Filled automatically from bls/contract.py for the model named in the config.
+TENSORS_KEY = "tensors"
+
+
+class TemplateError(ValueError):
+    pass
+
+
+def placeholders(text: str) -> set[str]:
+    return set(PLACEHOLDER.findall(text))
+
+
+def render_template(text: str, values: Mapping[str, object], source: str) -> str:
+    wanted = placeholders(text)
+    unknown = sorted(set(values) - wanted)
+    missing = sorted(wanted - set(values))
+    if unknown:
+        raise TemplateError(f"{source}: unknown template keys {unknown} (the template uses {sorted(wanted)})")
+    if missing:
+        raise TemplateError(f"{source}: unfilled template keys {missing}")
+    return PLACEHOLDER.sub(lambda m: _format(values[m.group(1)]), text)
+
+
+def _format(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def parse_model_config(text: str, source: str) -> model_config_pb2.ModelConfig:
+    try:
+        return text_format.Parse(text, model_config_pb2.ModelConfig())
+    except text_format.ParseError as error:
+        raise TemplateError(f"{source}: rendered config is not a valid Triton ModelConfig: {error}") from error
+
+
+def render_model_config(template: Path, values: Mapping[str, object], contract_name: str | None = None) -> str:
+    """Render one template; `${tensors}` comes from the contract of `contract_name` (if the template uses it)."""
+    text = template.read_text()
+    values = dict(values)
+    if TENSORS_KEY in placeholders(text):
+        if contract_name not in CONTRACTS:
+            raise TemplateError(f"{template}: uses ${{{TENSORS_KEY}}} but no contract named {contract_name!r}")
+        values[TENSORS_KEY] = CONTRACTS[contract_name].to_pbtxt()
+    rendered = render_template(text, values, str(template))
+    parse_model_config(rendered, str(template))
+    return rendered

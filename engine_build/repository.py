@@ -1,0 +1,190 @@
+"""Assemble a servable Triton model repository from the templates in model_repository/.
+
+The output directory gets every model's `1/` files, its rendered and validated config.pbtxt, and the
+engine: the TensorRT-LLM engine files (ENGINE=trtllm) or the checkpoint the embedded engine serves,
+both under `tensorrt_llm/1/` (and `tensorrt_llm_draft/1/` for the draft). A `repository.json` at the top
+records what was built; Triton ignores top-level files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Literal
+
+from engine_build.render import render_model_config
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "model_repository"
+MANIFEST = "repository.json"
+TARGET_MODEL = "tensorrt_llm"
+DRAFT_MODEL = "tensorrt_llm_draft"
+
+EngineKind = Literal["embedded", "trtllm"]
+
+
+@dataclass(frozen=True)
+class RepositorySettings:
+    engine: EngineKind
+    tokenizer_dir: Path
+    target: Path  # checkpoint dir (embedded) or engine dir (trtllm)
+    draft: Path | None = None
+    triton_max_batch_size: int = 64
+    max_input_len: int = 3072
+    max_seq_len: int = 4096
+    max_draft_len: int = 8
+    max_queue_delay_microseconds: int = 0
+    max_queue_size: int = 0  # 0: unbounded; set it to shed load with 503s instead of queueing forever
+    preprocessing_instance_count: int = 1
+    postprocessing_instance_count: int = 1
+    bls_instance_count: int = 1
+    exclude_input_in_output: bool = True
+    skip_special_tokens: bool = True
+    add_special_tokens: bool = True
+    query_special_tokens: str = "text"
+    accumulate_tokens: bool = False
+    synthetic: bool = False
+    torch_threads: int = 0  # 0: torch's default
+    max_active_requests: int = 16
+    # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
+    # so the two fractions stay well under 1 together.
+    target_kv_cache_fraction: float = 0.85
+    target_kv_cache_fraction_with_draft: float = 0.5
+    draft_kv_cache_fraction: float = 0.25
+
+
+class RepositoryError(RuntimeError):
+    pass
+
+
+def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
+    out = out.resolve()
+    _prepare_output_dir(out)
+    engine_models = [TARGET_MODEL] + ([DRAFT_MODEL] if settings.draft else [])
+    common = {
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
+        "max_queue_size": settings.max_queue_size,
+    }
+    tokenizer_dir = str(settings.tokenizer_dir.resolve())
+
+    _write_model(out, "preprocessing", {
+        **common,
+        "preprocessing_instance_count": settings.preprocessing_instance_count,
+        "tokenizer_dir": tokenizer_dir,
+        "add_special_tokens": settings.add_special_tokens,
+        "query_special_tokens": settings.query_special_tokens,
+        "max_input_len": settings.max_input_len,
+    })
+    _write_model(out, "postprocessing", {
+        **common,
+        "postprocessing_instance_count": settings.postprocessing_instance_count,
+        "tokenizer_dir": tokenizer_dir,
+        "skip_special_tokens": settings.skip_special_tokens,
+    })
+    _write_model(out, "ensemble", {
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "tensorrt_llm_model_name": TARGET_MODEL,
+    })
+    _write_model(out, "tensorrt_llm_bls", {
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "bls_instance_count": settings.bls_instance_count,
+        "tokenizer_dir": tokenizer_dir,
+        "skip_special_tokens": settings.skip_special_tokens,
+        "accumulate_tokens": settings.accumulate_tokens,
+        "tensorrt_llm_model_name": TARGET_MODEL,
+        "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
+        "max_draft_len": settings.max_draft_len if settings.draft else 0,
+    })
+    for name in engine_models:
+        source = settings.target if name == TARGET_MODEL else settings.draft
+        _write_engine_model(out, name, source, settings)
+
+    manifest = {key: (str(v) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
+    manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    return out
+
+
+def _prepare_output_dir(out: Path) -> None:
+    if out.exists():
+        if any(out.iterdir()) and not (out / MANIFEST).is_file():
+            raise RepositoryError(f"{out} exists and was not built by this tool; refusing to overwrite it")
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+
+
+def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt",
+                 source_name: str | None = None) -> Path:
+    source = TEMPLATES / (source_name or name)
+    target = out / name
+    shutil.copytree(source / "1", target / "1", ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
+    config = render_model_config(source / template_name, values, contract_name=source_name or name)
+    (target / "config.pbtxt").write_text(config)
+    return target
+
+
+def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings) -> None:
+    is_draft = name == DRAFT_MODEL
+    common = {
+        "model_name": name,
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "decoupled_mode": True,
+        "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
+        "max_queue_size": settings.max_queue_size,
+    }
+    if settings.engine == "embedded":
+        target = _write_model(out, name, {
+            **common,
+            "checkpoint_dir": str((out / name / "1" / "checkpoint").resolve()),
+            "max_seq_len": settings.max_seq_len,
+            "max_draft_len": 0 if is_draft or not settings.draft else settings.max_draft_len,
+            "max_active_requests": settings.max_active_requests,
+            "exclude_input_in_output": settings.exclude_input_in_output,
+            "synthetic": settings.synthetic,
+            "torch_threads": settings.torch_threads,
+        }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
+        _link_tree(source, target / "1" / "checkpoint")
+        return
+
+    if is_draft:
+        fraction = settings.draft_kv_cache_fraction
+    else:
+        fraction = settings.target_kv_cache_fraction_with_draft if settings.draft else settings.target_kv_cache_fraction
+    version_dir = out / name / "1"
+    version_dir.mkdir(parents=True)
+    config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt", {
+        **common,
+        "engine_dir": str(version_dir.resolve()),
+        "batch_scheduler_policy": "guaranteed_no_evict",
+        "kv_cache_free_gpu_mem_fraction": fraction,
+        # Draft-target speculative decoding reuses the KV cache of accepted tokens on both models.
+        "enable_kv_cache_reuse": settings.draft is not None,
+        "exclude_input_in_output": settings.exclude_input_in_output,
+    }, contract_name=TARGET_MODEL)
+    (out / name / "config.pbtxt").write_text(config)
+    from engine_build.trtllm import copy_engine
+
+    copy_engine(source, version_dir)
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
+    if not (source / "config.json").is_file():
+        raise RepositoryError(f"{source} has no config.json: not a checkpoint")
+    dest.mkdir(parents=True)
+    for item in source.iterdir():
+        if item.is_file():
+            try:
+                os.link(item, dest / item.name)
+            except OSError:
+                shutil.copy2(item, dest / item.name)
+
+
+def read_manifest(repo: Path) -> dict:
+    path = repo / MANIFEST
+    if not path.is_file():
+        raise RepositoryError(f"{repo} has no {MANIFEST}: build it with `make repo`")
+    return json.loads(path.read_text())

@@ -1,0 +1,267 @@
+"""Start, probe and stop tritonserver for this repository.
+
+Which server: `tritonserver` on PATH when there is one (the NGC container), else the Triton 2.51 build
+inside the nvidia-pytriton wheel. The wheel's Python backend needs three things that are easy to miss:
+its stub copied next to the backend, the venv's bin/ first on PATH (the stub ignores PYTHONPATH and
+takes its prefix from the first python3 on PATH), and the interpreter's own libpython on
+LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's stdlib and `ssl` fails).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import sysconfig
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+STUB_NAME = "triton_python_backend_stub"
+
+
+@dataclass(frozen=True)
+class TritonInstall:
+    binary: Path
+    backend_dir: Path | None  # None: the binary's built-in default (/opt/tritonserver/backends)
+
+
+def _wheel_root() -> Path:
+    import pytriton  # the nvidia-pytriton wheel
+
+    return Path(pytriton.__file__).parent / "tritonserver"
+
+
+def find_tritonserver() -> TritonInstall:
+    on_path = shutil.which("tritonserver")
+    if on_path:
+        return TritonInstall(Path(on_path), None)
+    try:
+        root = _wheel_root()
+    except ImportError:
+        raise SystemExit("no tritonserver on PATH and nvidia-pytriton is not installed: run `make setup`")
+    return TritonInstall(root / "bin" / "tritonserver", root / "backends")
+
+
+def install_stub() -> Path | None:
+    """Copy the Python backend stub matching this interpreter into the wheel's backend dir (idempotent)."""
+    if shutil.which("tritonserver"):
+        return None
+    root = _wheel_root()
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    source = root / "python_backend_stubs" / version / STUB_NAME
+    if not source.is_file():
+        raise SystemExit(f"nvidia-pytriton ships no Python backend stub for Python {version} ({source})")
+    target = root / "backends" / "python" / STUB_NAME
+    if not target.is_file() or target.read_bytes() != source.read_bytes():
+        shutil.copy2(source, target)
+    return target
+
+
+def server_environment() -> dict[str, str]:
+    env = dict(os.environ)
+    venv_bin = str(Path(sys.executable).parent)
+    env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    libdir = sysconfig.get_config_var("LIBDIR")
+    if libdir:
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
+    return env
+
+
+def has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None
+
+
+@dataclass
+class ServerPorts:
+    http: int = 8000
+    grpc: int = 8001
+    metrics: int = 8002
+
+    @classmethod
+    def free(cls) -> "ServerPorts":
+        return cls(*(_free_port() for _ in range(3)))
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def server_command(
+    repo: Path,
+    ports: ServerPorts,
+    *,
+    address: str = "0.0.0.0",
+    world_size: int = 1,
+    engine_model_names: tuple[str, ...] = ("tensorrt_llm",),
+    extra_args: tuple[str, ...] = (),
+) -> list[str]:
+    install = find_tritonserver()
+
+    def rank_args(rank: int) -> list[str]:
+        args = [
+            str(install.binary),
+            f"--model-repository={repo}",
+            "--disable-auto-complete-config",
+            f"--backend-config=python,shm-region-prefix-name=prefix{rank}_",
+            f"--http-address={address}",
+            f"--grpc-address={address}",
+            f"--metrics-address={address}",
+            f"--http-port={ports.http}",
+            f"--grpc-port={ports.grpc}",
+            f"--metrics-port={ports.metrics}",
+            "--exit-timeout-secs=10",
+        ]
+        if install.backend_dir is not None:
+            args.append(f"--backend-directory={install.backend_dir}")
+        if not has_gpu():
+            # Without these, a CPU box logs NVML/DCGM/pinned-memory errors at every start.
+            args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
+        if rank > 0:
+            # Ranks > 0 only host engine shards; the tensorrtllm backend talks to them over MPI.
+            args += ["--model-control-mode=explicit"] + [f"--load-model={name}" for name in engine_model_names]
+        return args + list(extra_args)
+
+    if world_size == 1:
+        return rank_args(0)
+    command = ["mpirun", "--allow-run-as-root"]
+    for rank in range(world_size):
+        command += ["-n", "1", *rank_args(rank), ":"]
+    return command[:-1]
+
+
+@dataclass
+class TritonServer:
+    """A tritonserver child process; a context manager that waits for readiness and stops cleanly."""
+
+    repo: Path
+    ports: ServerPorts = field(default_factory=ServerPorts.free)
+    log_path: Path | None = None
+    address: str = "127.0.0.1"
+    startup_timeout_s: float = 300.0
+    extra_args: tuple[str, ...] = ()
+    process: subprocess.Popen | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"127.0.0.1:{self.ports.http}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"127.0.0.1:{self.ports.grpc}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.ports.metrics}/metrics"
+
+    def start(self) -> "TritonServer":
+        command = server_command(self.repo, self.ports, address=self.address, extra_args=self.extra_args)
+        log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
+        self.process = subprocess.Popen(
+            command, env=server_environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.wait_ready()
+        return self
+
+    def wait_ready(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"tritonserver exited with code {self.process.returncode}; {self._log_hint()}")
+            if is_ready(self.http_url):
+                return
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s; {self._log_hint()}")
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        os.killpg(self.process.pid, signal.SIGTERM)
+        try:
+            self.process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.process.pid, signal.SIGKILL)  # also the orphaned Python stubs of the group
+            self.process.wait()
+
+    def is_alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def _log_hint(self) -> str:
+        if not self.log_path:
+            return "no log captured"
+        tail = Path(self.log_path).read_text(errors="replace").splitlines()[-25:]
+        return f"last log lines of {self.log_path}:\n" + "\n".join(tail)
+
+    def __enter__(self) -> "TritonServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def is_ready(http_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
+    """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
+    command = server_command(repo, ports, world_size=world_size)
+    print("+ " + " ".join(command), flush=True)
+    process = subprocess.Popen(command, env=server_environment())
+    signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
+    try:
+        while not is_ready(f"127.0.0.1:{ports.http}"):
+            if process.poll() is not None:
+                return process.returncode
+            time.sleep(0.5)
+        print(
+            "\n=== tritonserver is ready ===\n"
+            f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
+            "-d '{\"text_input\": \"What is Triton?\", \"max_tokens\": 20}'\n"
+            f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
+            "-d '{\"messages\": \"[{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Hi!\\\"}]\", \"max_tokens\": 20}'\n"
+            f"curl -s -N -X POST localhost:{ports.http}/v2/models/tensorrt_llm_bls/generate_stream "
+            "-d '{\"text_input\": \"Tell me a story\", \"max_tokens\": 64, \"stream\": true}'\n"
+            f"metrics: curl -s localhost:{ports.metrics}/metrics   (Ctrl-C stops the server)\n",
+            flush=True,
+        )
+        return process.wait()
+    except KeyboardInterrupt:
+        process.send_signal(signal.SIGINT)
+        return process.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m engine_build.server", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("install-stub", help="copy the Python backend stub into the wheel's tritonserver")
+    run = sub.add_parser("serve", help="run tritonserver in the foreground")
+    run.add_argument("--repo", type=Path, required=True)
+    run.add_argument("--http-port", type=int, default=8000)
+    run.add_argument("--grpc-port", type=int, default=8001)
+    run.add_argument("--metrics-port", type=int, default=8002)
+    run.add_argument("--world-size", type=int, default=1)
+    args = parser.parse_args(argv)
+    if args.command == "install-stub":
+        target = install_stub()
+        print(f"python backend stub: {target or 'tritonserver on PATH, nothing to install'}")
+        return 0
+    if not (args.repo / "ensemble").is_dir():
+        raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
+    return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port), args.world_size)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,36 @@
+"""Shared fixtures and command-line options.
+
+--repo        the rendered model repository the integration tests serve (default build/model_repository)
+--server-url  host of an already running tritonserver (HTTP port 8000 / gRPC 8001 unless given as
+              host:http_port[,grpc_port]); the tests then start no server. This is how they run inside the
+              NGC TensorRT-LLM container against a real engine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--repo", default=str(ROOT / "build" / "model_repository"))
+    parser.addoption("--server-url", default=None)
+
+
+@pytest.fixture(scope="session")
+def repo_dir(request) -> Path:
+    return Path(request.config.getoption("--repo")).resolve()
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
+    """The real Llama 3 Instruct tokenizer: the repository's copy, else converted fresh (~5 s)."""
+    built = repo_dir / "tokenizer"
+    if (built / "tokenizer.json").is_file():
+        return built
+    from engine_build.tokenizer_assets import write_llama3_tokenizer
+
+    return write_llama3_tokenizer(tmp_path_factory.mktemp("tokenizer"))
