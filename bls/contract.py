@@ -285,3 +285,85 @@ CONTRACTS: dict[str, ModelContract] = {
     "ensemble": ENSEMBLE,
     "tensorrt_llm_bls": TENSORRT_LLM_BLS,
 }
+
+# ----------------------------------------------------------------------------------------------------
+# Wiring between models: the ensemble's steps and the BLS's child requests both come from these maps.
+# ----------------------------------------------------------------------------------------------------
+# text API input -> preprocessing input
+TEXT_TO_PREPROCESSING = {
+    "text_input": "QUERY",
+    "messages": "MESSAGES",
+    "decoder_text_input": "DECODER_QUERY",
+    "max_tokens": "REQUEST_OUTPUT_LEN",
+    "bad_words": "BAD_WORDS_DICT",
+    "stop_words": "STOP_WORDS_DICT",
+    "embedding_bias_words": "EMBEDDING_BIAS_WORDS",
+    "embedding_bias_weights": "EMBEDDING_BIAS_WEIGHTS",
+    "end_id": "END_ID",
+    "pad_id": "PAD_ID",
+    "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+}
+# preprocessing output -> engine input (Llama is decoder-only: DECODER_INPUT_ID is not passed on)
+PREPROCESSING_TO_ENGINE = {
+    "INPUT_ID": "input_ids",
+    "REQUEST_INPUT_LEN": "input_lengths",
+    "REQUEST_OUTPUT_LEN": "request_output_len",
+    "STOP_WORDS_IDS": "stop_words_list",
+    "BAD_WORDS_IDS": "bad_words_list",
+    "EMBEDDING_BIAS": "embedding_bias",
+    "OUT_END_ID": "end_id",
+    "OUT_PAD_ID": "pad_id",
+    "OUT_PROMPT_TABLE_EXTRA_IDS": "prompt_table_extra_ids",
+}
+# text API input -> engine input, passed through unchanged in value
+TEXT_TO_ENGINE = {
+    "top_k": "runtime_top_k",
+    "top_p": "runtime_top_p",
+    "temperature": "temperature",
+    "length_penalty": "len_penalty",
+    "repetition_penalty": "repetition_penalty",
+    "min_length": "min_length",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "random_seed": "random_seed",
+    "return_log_probs": "return_log_probs",
+    "return_context_logits": "return_context_logits",
+    "return_generation_logits": "return_generation_logits",
+    "num_return_sequences": "num_return_sequences",
+    "beam_width": "beam_width",
+    "stream": "streaming",
+    "exclude_input_in_output": "exclude_input_in_output",
+    "prompt_embedding_table": "prompt_embedding_table",
+    "prompt_vocab_size": "prompt_vocab_size",
+}
+# engine output -> text API output, passed through
+ENGINE_TO_TEXT = {
+    "cum_log_probs": "cum_log_probs",
+    "output_log_probs": "output_log_probs",
+    "context_logits": "context_logits",
+    "generation_logits": "generation_logits",
+    "batch_index": "batch_index",
+    "sequence_index": "sequence_index",
+}
+
+
+def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:
+    """The ensemble's three steps, from the maps above."""
+
+    def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
+        lines = [f'    {{\n      model_name: "{model}"\n      model_version: -1']
+        lines += [f'      input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
+        lines += [f'      output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
+        return "\n".join(lines) + "\n    }"
+
+    internal = {name: f"_{name}" for name in PREPROCESSING_TO_ENGINE}
+    engine_inputs = {engine: internal[pre] for pre, engine in PREPROCESSING_TO_ENGINE.items()}
+    engine_inputs.update({engine: text for text, engine in TEXT_TO_ENGINE.items()})
+    engine_outputs = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH", **ENGINE_TO_TEXT}
+    steps = [
+        step("preprocessing", {pre: text for text, pre in TEXT_TO_PREPROCESSING.items()}, internal),
+        step(engine_model_name, engine_inputs, engine_outputs),
+        step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
+             {"OUTPUT": "text_output"}),
+    ]
+    return "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}"

@@ -154,13 +154,14 @@ class Metrics:
     """Custom Prometheus metrics, with every pb_utils metric call behind one process-wide lock.
 
     Triton 2.51 crashes (SIGSEGV / boost lock_exception) when metric calls come from several threads at
-    once. Families stay referenced here: a metric whose family was garbage-collected fails.
+    once. Families are created once per name and stay referenced here: a metric whose family was
+    garbage-collected fails.
     """
 
     _lock = threading.Lock()
 
     def __init__(self):
-        self._families: list[Any] = []
+        self._families: dict[str, Any] = {}
 
     def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
         return self._metric(name, description, pb_utils.MetricFamily.COUNTER, labels)
@@ -169,16 +170,18 @@ class Metrics:
         return self._metric(name, description, pb_utils.MetricFamily.GAUGE, labels)
 
     def histogram(self, name: str, description: str, labels: Mapping[str, str], buckets: Iterable[float]) -> "_Metric":
-        with self._lock:
-            family = pb_utils.MetricFamily(name=name, description=description, kind=pb_utils.MetricFamily.HISTOGRAM)
-            self._families.append(family)
-            return _Metric(family.Metric(labels=dict(labels), buckets=list(buckets)), self._lock)
+        return self._metric(name, description, pb_utils.MetricFamily.HISTOGRAM, labels, list(buckets))
 
-    def _metric(self, name, description, kind, labels) -> "_Metric":
+    def _metric(self, name, description, kind, labels, buckets=None) -> "_Metric":
         with self._lock:
-            family = pb_utils.MetricFamily(name=name, description=description, kind=kind)
-            self._families.append(family)
-            return _Metric(family.Metric(labels=dict(labels)), self._lock)
+            family = self._families.get(name)
+            if family is None:
+                family = self._families[name] = pb_utils.MetricFamily(name=name, description=description, kind=kind)
+            if buckets is None:
+                metric = family.Metric(labels=dict(labels))
+            else:
+                metric = family.Metric(labels=dict(labels), buckets=buckets)
+            return _Metric(metric, self._lock)
 
 
 class _Metric:
@@ -197,3 +200,45 @@ class _Metric:
     def observe(self, value: float) -> None:
         with self._lock:
             self._metric.observe(value)
+
+
+class ChildModels:
+    """Calls other models of the repository from a BLS model (blocking; run it on a worker thread).
+
+    In Triton 2.51 a streaming child response iterator blocks whatever thread iterates it, and it cannot
+    be cancelled; stopping a child generation is done by sending the engine a `stop` request with the
+    child's request id, which both the tensorrtllm backend and the embedded engine honour.
+    """
+
+    def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+              request_id: str = "") -> Tensors:
+        response = self._request(model_name, inputs, outputs, request_id).exec()
+        raise_for_error(response, model_name)
+        return self._tensors(response, outputs)
+
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterable[Tensors]:
+        outputs = list(outputs)
+        for response in self._request(model_name, inputs, outputs, request_id).exec(decoupled=True):
+            raise_for_error(response, model_name)
+            tensors = self._tensors(response, outputs)
+            if tensors:  # a decoupled model may end with an empty final response
+                yield tensors
+
+    @staticmethod
+    def _request(model_name, inputs, outputs, request_id):
+        return pb_utils.InferenceRequest(
+            model_name=model_name,
+            inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()],
+            requested_output_names=list(outputs),
+            request_id=request_id,
+        )
+
+    @staticmethod
+    def _tensors(response, outputs) -> Tensors:
+        tensors = {}
+        for name in outputs:
+            value = output_tensor(response, name)
+            if value is not None:
+                tensors[name] = value
+        return tensors

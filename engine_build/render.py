@@ -14,11 +14,13 @@ from typing import Mapping
 from google.protobuf import text_format
 from tritonclient.grpc import model_config_pb2
 
-from bls.contract import CONTRACTS
+from bls.contract import CONTRACTS, ensemble_scheduling_pbtxt
 
 PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Filled automatically from bls/contract.py for the model named in the config.
+# Filled automatically from bls/contract.py: the model's input/output blocks, and the ensemble's steps
+# (which need the `tensorrt_llm_model_name` value).
 TENSORS_KEY = "tensors"
+ENSEMBLE_KEY = "ensemble_scheduling"
 
 
 class TemplateError(ValueError):
@@ -61,6 +63,8 @@ def render_model_config(template: Path, values: Mapping[str, object], contract_n
         if contract_name not in CONTRACTS:
             raise TemplateError(f"{template}: uses ${{{TENSORS_KEY}}} but no contract named {contract_name!r}")
         values[TENSORS_KEY] = CONTRACTS[contract_name].to_pbtxt()
+    if ENSEMBLE_KEY in placeholders(text):
+        values[ENSEMBLE_KEY] = ensemble_scheduling_pbtxt(values.pop("tensorrt_llm_model_name"))
     rendered = render_template(text, values, str(template))
     parse_model_config(rendered, str(template))
     return rendered

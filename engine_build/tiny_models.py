@@ -37,6 +37,8 @@ DRAFT_LAYERS = 1
 # Scale of the target-only layers' output projections (o_proj, down_proj) relative to the
 # draft-shared layers. Chosen by measurement: greedy acceptance of 4-token proposals ~90%.
 LATER_LAYER_GAIN = 1.0
+# Embedding rows have an RMS of 2**u, u uniform in [-EMBED_LOG2_SPREAD, EMBED_LOG2_SPREAD].
+EMBED_LOG2_SPREAD = 2.0
 # HF's default initializer range; the std of every random decoder weight.
 WEIGHT_STD = 0.02
 # Row std of lm_head: sets the logits' scale (top logit ~ LM_HEAD_STD * hidden_size).
@@ -99,14 +101,17 @@ def tiny_llama_weights(
     kv_out = shape.num_key_value_heads * shape.head_dim
     lm_head = normal(shape.vocab_size, hidden, std=LM_HEAD_STD)
     successor = torch.randperm(shape.vocab_size, generator=gen)
+    # Row t points at lm_head row succ(t). Its norm varies per token (log-uniform, RMS 1/4 to 4):
+    # the decoder layers add vectors of a fixed size, so they overturn the bigram choice of the
+    # small-norm tokens only, and the gain of the later layers sets that fraction smoothly.
+    log_radius = torch.empty(shape.vocab_size, 1).uniform_(-EMBED_LOG2_SPREAD, EMBED_LOG2_SPREAD, generator=gen)
     weights = {
-        # Row t points at lm_head row succ(t), with RMS ~1 like a trained residual stream.
-        "model.embed_tokens.weight": (lm_head[successor] / LM_HEAD_STD).contiguous(),
+        "model.embed_tokens.weight": (lm_head[successor] / LM_HEAD_STD * 2.0**log_radius).contiguous(),
         "model.norm.weight": torch.ones(hidden),
         "lm_head.weight": lm_head,
     }
     for layer in range(shape.num_hidden_layers):
-        gain = 1.0 if layer < DRAFT_LAYERS else later_layer_gain
+        gain = later_layer_gain if layer == shape.num_hidden_layers - 1 else 1.0
         prefix = f"model.layers.{layer}."
         weights.update(
             {

@@ -1,0 +1,87 @@
+"""Streaming text from streamed token ids, without re-decoding the whole output at every token.
+
+A token does not always end on a character boundary: byte-level BPE splits multi-byte UTF-8 characters
+(emoji, CJK) across tokens, so decoding each chunk alone garbles them (upstream's non-accumulating
+streaming), and decoding everything so far at every token costs O(length) per token (upstream's
+accumulate_tokens). Here each push decodes only a window that starts at a clean cut, in the manner of
+vLLM's prefix/read offsets:
+
+- `window` holds the ids from the cut onwards; `read` of them are already emitted, as `read_text`.
+- A cut is clean when decoding stops on a character boundary there: decoded text that does not end in
+  U+FFFD. Decoding then restarts there without changing any text before it (UTF-8 decoding with
+  replacement is left to right and looks at most 3 bytes ahead).
+- Text whose end is U+FFFD is held back: it may be half a character. At most 3 bytes can be pending, so
+  after a few held tokens an earlier cut is looked for (one with at least 3 tokens after it, at which
+  decoding the two sides separately gives the same text as decoding them together); this bounds the
+  window even when the model emits invalid bytes that never complete (permanent U+FFFD).
+- `finish()` emits the rest exactly as a full decode would, replacement characters included.
+
+Invariant: "".join(push(...) for every chunk) + finish() == bundle.decode(all ids).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable
+
+from bls.tokenization import TokenizerBundle
+
+REPLACEMENT_CHARACTER = "\ufffd"
+# A pending (incomplete) UTF-8 sequence is at most 3 bytes, and every token decodes to at least one byte
+# (skipped special tokens are dropped on push), so a cut with this many tokens after it is final.
+_PENDING_TOKENS = 3
+# Held tokens that trigger the search for an earlier cut; a complete character needs at most 4 tokens.
+_HOLD_LIMIT = 4
+
+
+class IncrementalDetokenizer:
+    def __init__(self, bundle: TokenizerBundle, skip_special_tokens: bool = True):
+        self._bundle = bundle
+        self._skip_special_tokens = skip_special_tokens
+        self._window: list[int] = []
+        self._read = 0
+        self._read_text = ""
+
+    def push(self, new_ids: Iterable[int]) -> str:
+        """The text the new ids add (possibly ""; incomplete characters wait for the next ids)."""
+        new_ids = [int(i) for i in new_ids]
+        if self._skip_special_tokens:
+            # A skipped token decodes to nothing, wherever it is: dropping it keeps the window short.
+            new_ids = [i for i in new_ids if i not in self._bundle.special_ids]
+        if not new_ids:
+            return ""
+        self._window += new_ids
+        text = self._decode(self._window)
+        if not text.endswith(REPLACEMENT_CHARACTER):
+            return self._cut(len(self._window), text)
+        if len(self._window) - self._read >= _HOLD_LIMIT:
+            return self._cut_before_pending(text)
+        return ""
+
+    def finish(self) -> str:
+        """The rest of the text, exactly as a full decode ends (replacement characters included)."""
+        text = self._decode(self._window)
+        return self._cut(len(self._window), text)
+
+    def _decode(self, ids: list[int]) -> str:
+        return self._bundle.decode(ids, self._skip_special_tokens)
+
+    def _cut(self, position: int, text_to_position: str) -> str:
+        """Emit the window's text up to `position` (a clean cut); the next window starts at the old read.
+
+        Keeping the previously read ids as context (rather than starting at `position`) is what lets
+        decoders that drop a leading space at the start of a sequence (SentencePiece) decode correctly.
+        """
+        delta = text_to_position[len(self._read_text) :]
+        self._window = self._window[self._read :]
+        self._read = position - self._read
+        self._read_text = delta
+        return delta
+
+    def _cut_before_pending(self, text: str) -> str:
+        """Emit up to the latest clean cut that leaves the possibly pending tail held back, if any."""
+        last = len(self._window) - _PENDING_TOKENS
+        for position in range(last, max(self._read, last - _HOLD_LIMIT), -1):
+            before = self._decode(self._window[:position])
+            if before + self._decode(self._window[position:]) == text:
+                return self._cut(position, before)
+        return ""

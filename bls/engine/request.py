@@ -1,0 +1,231 @@
+"""Turning the tensors of one Triton request to `tensorrt_llm` into validated generation requests.
+
+A Triton request may carry batch > 1: `input_ids` is [batch, maxlen], right-padded, with the real lengths
+in `input_lengths`. Scalar inputs arrive as [batch] (the config reshapes [1] to []), [batch, 1] is accepted
+too. Each batch row becomes one `GenerationRequest`; every problem is an `InvalidRequest` naming the input.
+
+Choices (TensorRT-LLM leaves them to the deployment): end_id absent means "never stop on a token";
+draft_input_ids needs batch size 1 (a ragged [batch, N] tensor carries no per-row draft lengths).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from bls.contract import EMBEDDED_ENGINE_SUPPORTED_INPUTS
+from bls.engine.sampling import SamplingParams
+from bls.engine.stopping import StopCriteria, WordList
+from bls.errors import InvalidRequest
+
+REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
+
+
+@dataclass(frozen=True)
+class EngineLimits:
+    vocab_size: int
+    max_seq_len: int
+    max_draft_len: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class GenerationRequest:
+    request_id: str  # the Triton request id ("" when the client gave none); `stop` requests match on it
+    batch_index: int
+    batch_size: int  # of the Triton request this row came from
+    prompt: tuple[int, ...]
+    max_new_tokens: int
+    sampling: SamplingParams
+    end_id: int | None = None
+    pad_id: int | None = None
+    stop_words: WordList = WordList()
+    draft_tokens: tuple[int, ...] = ()
+    streaming: bool = False
+    exclude_input_in_output: bool = False
+    return_log_probs: bool = False
+    return_context_logits: bool = False
+    return_generation_logits: bool = False
+
+    @property
+    def stop_criteria(self) -> StopCriteria:
+        return StopCriteria(self.end_id, self.stop_words, self.max_new_tokens)
+
+
+def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
+    """A request with `stop=true` cancels the running request with the same Triton request id."""
+    stop = inputs.get("stop")
+    return stop is not None and bool(np.asarray(stop).any())
+
+
+def parse_generation_requests(
+    inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool
+) -> list[GenerationRequest]:
+    for name in inputs:
+        if name not in EMBEDDED_ENGINE_SUPPORTED_INPUTS:
+            raise InvalidRequest(name, "is not supported by the embedded engine")
+    for name in REQUIRED_INPUTS:
+        if name not in inputs:
+            raise InvalidRequest(name, "is required")
+    input_ids = np.asarray(inputs["input_ids"])
+    if input_ids.ndim != 2:
+        raise InvalidRequest("input_ids", f"must have shape [batch, length], got {list(input_ids.shape)}")
+    batch_size = input_ids.shape[0]
+    if batch_size > 1 and "draft_input_ids" in inputs:
+        raise InvalidRequest("draft_input_ids", "needs a request with batch size 1")
+    rows = _Rows(inputs, batch_size)
+    return [
+        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input) for row in range(batch_size)
+    ]
+
+
+class _Rows:
+    """Per-row access to the inputs of a batched Triton request."""
+
+    def __init__(self, inputs: dict[str, np.ndarray], batch_size: int):
+        self._inputs = inputs
+        self.batch_size = batch_size
+
+    def scalar(self, name: str, row: int, convert: Callable[[Any], Any], default: Any = None) -> Any:
+        if name not in self._inputs:
+            return default
+        array = np.asarray(self._inputs[name])
+        if array.ndim > 2 or (array.ndim == 2 and array.shape[1] != 1):
+            raise InvalidRequest(name, f"must hold one value per batch item, got shape {list(array.shape)}")
+        flat = array.reshape(-1)
+        if flat.size == self.batch_size:
+            return convert(flat[row])
+        if flat.size == 1:  # one value for the whole batch
+            return convert(flat[0])
+        raise InvalidRequest(name, f"has {flat.size} values for a batch of {self.batch_size}")
+
+    def item(self, name: str, row: int, item_ndim: int) -> np.ndarray | None:
+        """Row `row` of a batched tensor whose items have `item_ndim` dimensions."""
+        if name not in self._inputs:
+            return None
+        array = np.asarray(self._inputs[name])
+        if array.ndim == item_ndim:  # unbatched, accepted for a single item
+            array = array[np.newaxis]
+        if array.ndim != item_ndim + 1:
+            raise InvalidRequest(name, f"has {array.ndim} dimensions, expected {item_ndim + 1} (batch first)")
+        if array.shape[0] == self.batch_size:
+            return array[row]
+        if array.shape[0] == 1:
+            return array[0]
+        raise InvalidRequest(name, f"has batch size {array.shape[0]}, input_ids has {self.batch_size}")
+
+
+def _parse_row(
+    rows: _Rows, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits, default_exclude_input: bool
+) -> GenerationRequest:
+    vocab = limits.vocab_size
+    prompt_len = rows.scalar("input_lengths", row, int)
+    if prompt_len <= 0 or padded_ids.shape[0] == 0:
+        raise InvalidRequest("input_ids", "the prompt is empty")
+    if prompt_len > padded_ids.shape[0]:
+        raise InvalidRequest(
+            "input_lengths", f"{prompt_len} is longer than the {padded_ids.shape[0]} ids given in input_ids"
+        )
+    prompt = padded_ids[:prompt_len].astype(np.int64)
+    _check_token_ids("input_ids", prompt, vocab)
+
+    max_new_tokens = rows.scalar("request_output_len", row, int)
+    if max_new_tokens <= 0:
+        raise InvalidRequest("request_output_len", f"must be > 0, got {max_new_tokens}")
+    if prompt_len + max_new_tokens > limits.max_seq_len:
+        raise InvalidRequest(
+            "request_output_len",
+            f"input length {prompt_len} + request_output_len {max_new_tokens} = {prompt_len + max_new_tokens} "
+            f"exceeds the engine's max_seq_len {limits.max_seq_len}",
+        )
+
+    beam_width = rows.scalar("beam_width", row, int, 1)
+    if beam_width != 1:
+        raise InvalidRequest("beam_width", f"only 1 is supported by the embedded engine, got {beam_width}")
+    num_return_sequences = rows.scalar("num_return_sequences", row, int, 1)
+    if num_return_sequences != 1:
+        raise InvalidRequest("num_return_sequences", f"only 1 is supported by the embedded engine, got {num_return_sequences}")
+
+    end_id = _optional_token("end_id", rows.scalar("end_id", row, int), vocab)
+    pad_id = _optional_token("pad_id", rows.scalar("pad_id", row, int), vocab)
+
+    draft = rows.item("draft_input_ids", row, 1)
+    draft_tokens = () if draft is None else tuple(draft.astype(np.int64).tolist())
+    if len(draft_tokens) > limits.max_draft_len:
+        raise InvalidRequest(
+            "draft_input_ids", f"{len(draft_tokens)} draft tokens exceed the engine's max_draft_len {limits.max_draft_len}"
+        )
+    _check_token_ids("draft_input_ids", np.asarray(draft_tokens, np.int64), vocab)
+
+    return GenerationRequest(
+        request_id=request_id,
+        batch_index=row,
+        batch_size=rows.batch_size,
+        prompt=tuple(prompt.tolist()),
+        max_new_tokens=max_new_tokens,
+        sampling=_sampling_params(rows, row, vocab),
+        end_id=end_id,
+        pad_id=pad_id,
+        stop_words=_word_list(rows, "stop_words_list", row, vocab),
+        draft_tokens=draft_tokens,
+        streaming=rows.scalar("streaming", row, bool, False),
+        exclude_input_in_output=rows.scalar("exclude_input_in_output", row, bool, default_exclude_input),
+        return_log_probs=rows.scalar("return_log_probs", row, bool, False),
+        return_context_logits=rows.scalar("return_context_logits", row, bool, False),
+        return_generation_logits=rows.scalar("return_generation_logits", row, bool, False),
+    )
+
+
+def _sampling_params(rows: _Rows, row: int, vocab: int) -> SamplingParams:
+    temperature = rows.scalar("temperature", row, float, 1.0)
+    if temperature < 0:
+        raise InvalidRequest("temperature", f"must be >= 0, got {temperature}")
+    top_k = rows.scalar("runtime_top_k", row, int, 0)
+    if top_k < 0:
+        raise InvalidRequest("runtime_top_k", f"must be >= 0, got {top_k}")
+    top_p = rows.scalar("runtime_top_p", row, float, 0.0)
+    if not 0.0 <= top_p <= 1.0:
+        raise InvalidRequest("runtime_top_p", f"must be in [0, 1], got {top_p}")
+    repetition_penalty = rows.scalar("repetition_penalty", row, float, 1.0)
+    if repetition_penalty <= 0:
+        raise InvalidRequest("repetition_penalty", f"must be > 0, got {repetition_penalty}")
+    min_length = rows.scalar("min_length", row, int, 0)
+    if min_length < 0:
+        raise InvalidRequest("min_length", f"must be >= 0, got {min_length}")
+
+    bias = rows.item("embedding_bias", row, 1)
+    if bias is not None and bias.shape[0] == 0:
+        bias = None  # preprocessing sends [batch, 0] when no bias words were given
+    if bias is not None and bias.shape[0] != vocab:
+        raise InvalidRequest("embedding_bias", f"has {bias.shape[0]} values, the vocabulary has {vocab}")
+
+    return SamplingParams(
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        repetition_penalty=repetition_penalty,
+        presence_penalty=rows.scalar("presence_penalty", row, float, 0.0),
+        frequency_penalty=rows.scalar("frequency_penalty", row, float, 0.0),
+        random_seed=rows.scalar("random_seed", row, int, 0),
+        min_length=min_length,
+        bad_words=_word_list(rows, "bad_words_list", row, vocab),
+        embedding_bias=None if bias is None else bias.astype(np.float32),
+    )
+
+
+def _word_list(rows: _Rows, name: str, row: int, vocab: int) -> WordList:
+    tensor = rows.item(name, row, 2)
+    return WordList() if tensor is None else WordList.from_tensor(name, tensor, vocab)
+
+
+def _optional_token(name: str, value: int | None, vocab: int) -> int | None:
+    if value is not None and not 0 <= value < vocab:
+        raise InvalidRequest(name, f"{value} is outside the vocabulary [0, {vocab})")
+    return value
+
+
+def _check_token_ids(name: str, ids: np.ndarray, vocab: int) -> None:
+    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
+        bad = int(ids[(ids < 0) | (ids >= vocab)][0])
+        raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab})")

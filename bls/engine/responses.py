@@ -1,0 +1,154 @@
+"""Engine events -> output tensors, shaped as the tensorrtllm backend shapes them (beam width 1).
+
+- output_ids [1, 1, len] int32 and sequence_length [1, 1] int32 in every response.
+  Streaming: only the tokens new in this response (the final one may hold none, e.g. when end_id ended the
+  sequence, since end_id is not part of the output). Non-streaming: one response, prompt + output unless
+  exclude_input_in_output.
+- cum_log_probs [1, 1] (running total) and output_log_probs [1, 1, len] when return_log_probs.
+- context_logits [1, prompt_len, vocab] when return_context_logits (with the first response),
+  generation_logits [1, 1, len, vocab] when return_generation_logits (one row per output token).
+- batch_index [1, 1] when the Triton request had batch > 1.
+
+`TritonRequestStream` gathers the rows of one Triton request: each row's responses go out as they come, and
+the FINAL flag rides on the response that ends the last row.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Mapping, Protocol
+
+import numpy as np
+
+from bls.engine.request import GenerationRequest
+from bls.engine.scheduler import EngineEvent
+
+Tensors = dict[str, np.ndarray]
+
+
+class ResponseAssembler:
+    """The responses of one generation request (one batch row)."""
+
+    def __init__(self, request: GenerationRequest, vocab_size: int):
+        self._request = request
+        self._vocab_size = vocab_size
+        self._cum_log_prob = 0.0
+        # Non-streaming only: what the single final response will hold.
+        self._tokens: list[int] = []
+        self._log_probs: list[float] = []
+        self._generation_logits: list[np.ndarray] = []
+        self._context_logits: np.ndarray | None = None
+
+    def add(self, event: EngineEvent) -> Tensors | None:
+        """The tensors of the response this event causes, or None when it causes none."""
+        request = self._request
+        self._cum_log_prob += float(np.sum(event.log_probs, dtype=np.float64))
+        if request.streaming:
+            if not event.token_ids and not event.finished and event.context_logits is None:
+                return None
+            return self._tensors(event.token_ids, event.log_probs, event.context_logits, event.generation_logits)
+        self._tokens.extend(event.token_ids)
+        self._log_probs.extend(event.log_probs)
+        if event.generation_logits is not None:
+            self._generation_logits.append(event.generation_logits)
+        if event.context_logits is not None:
+            self._context_logits = event.context_logits
+        if not event.finished:
+            return None
+        tokens = self._tokens if request.exclude_input_in_output else [*request.prompt, *self._tokens]
+        generation_logits = None
+        if request.return_generation_logits:
+            generation_logits = np.concatenate(self._generation_logits) if self._generation_logits else None
+        return self._tensors(tokens, self._log_probs, self._context_logits, generation_logits)
+
+    def _tensors(
+        self,
+        tokens: list[int],
+        log_probs: list[float],
+        context_logits: np.ndarray | None,
+        generation_logits: np.ndarray | None,
+    ) -> Tensors:
+        request = self._request
+        outputs: Tensors = {
+            "output_ids": np.asarray(tokens, np.int32).reshape(1, 1, -1),
+            "sequence_length": np.array([[len(tokens)]], np.int32),
+        }
+        if request.return_log_probs:
+            outputs["cum_log_probs"] = np.array([[self._cum_log_prob]], np.float32)
+            outputs["output_log_probs"] = np.asarray(log_probs, np.float32).reshape(1, 1, -1)
+        if request.return_context_logits and context_logits is not None:
+            outputs["context_logits"] = context_logits.astype(np.float32, copy=False)[np.newaxis]
+        if request.return_generation_logits:
+            if generation_logits is None:  # no new token: an empty [1, 1, 0, vocab] block
+                generation_logits = np.zeros((0, self._vocab_size), np.float32)
+            outputs["generation_logits"] = generation_logits.astype(np.float32, copy=False)[np.newaxis, np.newaxis]
+        if request.batch_size > 1:
+            outputs["batch_index"] = np.array([[request.batch_index]], np.int32)
+        return outputs
+
+
+class ResponseSender(Protocol):
+    """The part of `bls.triton_io.SafeSender` the stream uses."""
+
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
+
+    def send_error(self, error: BaseException) -> None: ...
+
+    def finish(self) -> None: ...
+
+
+class TritonRequestStream:
+    """Routes the events of all rows of one Triton request to its sender.
+
+    An error in any row ends the whole Triton request with that error (the sender then reports itself
+    closed, which cancels the other rows through their `is_cancelled`).
+    """
+
+    def __init__(self, requests: list[GenerationRequest], sender: ResponseSender, vocab_size: int):
+        self._sender = sender
+        self._assemblers = {request.batch_index: ResponseAssembler(request, vocab_size) for request in requests}
+        self._unfinished = len(requests)
+        self._lock = threading.Lock()
+
+    def on_event(self, event: EngineEvent) -> None:
+        if event.error is not None:
+            self._sender.send_error(event.error)
+            return
+        outputs = self._assemblers[event.request.batch_index].add(event)
+        with self._lock:
+            if event.finished:
+                self._unfinished -= 1
+            final = event.finished and self._unfinished == 0
+        if outputs is not None:
+            self._sender.send(outputs, final=final)
+        elif final:
+            self._sender.finish()
+
+
+class CollectingSender:
+    """A sender for the non-decoupled mode: keeps the one final response (or error) until it is fetched."""
+
+    def __init__(self) -> None:
+        self.outputs: Tensors | None = None
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
+        if not self._done.is_set():
+            self.outputs = dict(outputs)
+        if final:
+            self._done.set()
+
+    def send_error(self, error: BaseException) -> None:
+        if not self._done.is_set():
+            self.error = error
+            self._done.set()
+
+    def finish(self) -> None:
+        self._done.set()
+
+    def is_cancelled(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        return self._done.wait(timeout_s)

@@ -1,0 +1,144 @@
+"""Choosing the next token from a row of logits, the way TensorRT-LLM's sampling layers do.
+
+Order of the logits processing (TensorRT-LLM's): embedding_bias, bad words, min_length, repetition
+penalty, presence/frequency penalties, temperature, then top_k and top_p.
+
+Choices made where TensorRT-LLM leaves room (documented here because clients see them):
+- Greedy (argmax) when temperature is 0, when top_k and top_p are both 0, or when top_k is 1.
+  Temperature does not change a greedy choice, and is not applied to a greedy request's log-probs.
+- The returned log-prob is the log_softmax of the processed logits (after penalties and temperature,
+  before the top_k/top_p truncation), i.e. the model's belief after the request's adjustments.
+- Without random_seed the seed is 0 (TensorRT-LLM's default), so a sampled request is reproducible.
+- repetition_penalty follows transformers (divide positive logits, multiply negative ones) over the
+  prompt and the output; presence/frequency follow OpenAI (subtract) over the output only.
+- min_length bans end_id and every token that would complete a stop word until min_length tokens
+  have been generated.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from bls.engine.stopping import WordList
+
+
+@dataclass(frozen=True, eq=False)
+class SamplingParams:
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    random_seed: int = 0
+    min_length: int = 0
+    bad_words: WordList = field(default_factory=WordList)
+    embedding_bias: np.ndarray | None = None  # [vocab] float32
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1 or (self.top_k == 0 and self.top_p == 0.0)
+
+
+@dataclass(frozen=True)
+class SampledToken:
+    token_id: int
+    log_prob: float | None  # None unless log-probs were asked for
+
+
+class TokenSampler:
+    """The per-sequence sampling state: random generator, token counts for the penalties.
+
+    `choose` must see every token that becomes part of the sequence, in order: it records the token it
+    returns, so the next call penalises it.
+    """
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        vocab_size: int,
+        prompt: Sequence[int],
+        end_id: int | None,
+        stop_words: WordList,
+        want_log_probs: bool,
+    ):
+        self._params = params
+        self._end_id = end_id
+        self._stop_words = stop_words
+        self._want_log_probs = want_log_probs
+        self._num_generated = 0
+        self._bias = None if params.embedding_bias is None else torch.from_numpy(np.asarray(params.embedding_bias, np.float32))
+        self._generator = None if params.greedy else torch.Generator().manual_seed(params.random_seed)
+        # Incremental state so a step costs O(vocab), never O(sequence length).
+        self._seen: torch.Tensor | None = None
+        if params.repetition_penalty != 1.0:
+            self._seen = torch.zeros(vocab_size, dtype=torch.bool)
+            self._seen[torch.as_tensor(list(prompt), dtype=torch.long)] = True
+        self._output_counts: torch.Tensor | None = None
+        if params.presence_penalty != 0.0 or params.frequency_penalty != 0.0:
+            self._output_counts = torch.zeros(vocab_size, dtype=torch.float32)
+
+    def choose(self, logits: torch.Tensor, tokens: Sequence[int]) -> SampledToken:
+        """Pick the next token. `logits` is the model's [vocab] row (not modified); `tokens` is the
+        sequence so far (prompt + generated), used for bad-word and stop-word prefixes."""
+        processed = self._process(logits, tokens)
+        if self._params.greedy:
+            token = int(torch.argmax(processed))
+        else:
+            token = self._sample(processed)
+        log_prob = None
+        if self._want_log_probs:
+            log_prob = float(processed[token] - torch.logsumexp(processed, dim=0))
+        self._record(token)
+        return SampledToken(token, log_prob)
+
+    def _process(self, logits: torch.Tensor, tokens: Sequence[int]) -> torch.Tensor:
+        params = self._params
+        owned = False  # never write into the caller's row: it may be returned as generation_logits
+        logits = logits.float()
+        if self._bias is not None:
+            logits, owned = logits + self._bias, True
+        banned = params.bad_words.completing_tokens(tokens) if params.bad_words else set()
+        if self._num_generated < params.min_length:
+            if self._end_id is not None:
+                banned.add(self._end_id)
+            if self._stop_words:
+                banned |= self._stop_words.completing_tokens(tokens)
+        if banned:
+            logits = logits if owned else logits.clone()
+            logits[list(banned)] = float("-inf")
+        if self._seen is not None:
+            penalty = params.repetition_penalty
+            penalised = torch.where(logits < 0, logits * penalty, logits / penalty)
+            logits = torch.where(self._seen, penalised, logits)
+        if self._output_counts is not None:
+            logits = logits - self._output_counts * params.frequency_penalty
+            logits = logits - (self._output_counts > 0).float() * params.presence_penalty
+        if not params.greedy and params.temperature != 1.0:
+            logits = logits / params.temperature
+        return logits
+
+    def _sample(self, logits: torch.Tensor) -> int:
+        params = self._params
+        if params.top_k > 0:
+            values, indices = torch.topk(logits, min(params.top_k, logits.numel()))
+        else:
+            values, indices = torch.sort(logits, descending=True)
+        probs = torch.softmax(values, dim=0)
+        if 0.0 < params.top_p < 1.0:
+            # Keep the smallest prefix whose mass reaches top_p (the token crossing the threshold stays).
+            before = torch.cumsum(probs, dim=0) - probs
+            probs = torch.where(before < params.top_p, probs, torch.zeros_like(probs))
+        choice = torch.multinomial(probs, 1, generator=self._generator)
+        return int(indices[choice])
+
+    def _record(self, token: int) -> None:
+        self._num_generated += 1
+        if self._seen is not None:
+            self._seen[token] = True
+        if self._output_counts is not None:
+            self._output_counts[token] += 1.0

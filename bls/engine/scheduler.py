@@ -1,0 +1,302 @@
+"""The embedded engine: iteration-level ("in-flight") scheduling of generation requests on one thread.
+
+Every iteration of the engine thread:
+1. admits queued sequences up to `max_active` (new ones join between steps, finished ones leave);
+2. ends sequences that were cancelled (`cancel(request_id)` or their `is_cancelled()` callable, polled
+   every iteration: a client disconnect stops the work at once and frees its KV cache);
+3. advances every active sequence by one step: the prefill (prompt, plus draft tokens if any) for a new
+   sequence, otherwise one decode step. So concurrent requests make progress together, one token each per
+   iteration. Forward passes are per sequence (own HF DynamicCache), not batched.
+
+Events go to each sequence's `on_event` callback, always from the engine thread, in order, ending with
+exactly one event with `finished=True` (also on errors, cancellation and shutdown). A failure in one
+sequence (model error, callback error) ends only that sequence.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from bls.engine.request import EngineLimits, GenerationRequest
+from bls.engine.sampling import TokenSampler
+from bls.engine.speculative import accept_tokens
+from bls.engine.stopping import FINISH_CANCELLED, StopCriteria
+
+log = logging.getLogger(__name__)
+
+
+class ModelRunner(Protocol):
+    """What the scheduler needs from a model: a KV cache per sequence and a forward over new tokens."""
+
+    vocab_size: int
+
+    def new_cache(self) -> Any: ...
+
+    def forward(self, cache: Any, token_ids: Sequence[int], past_length: int, num_logits: int) -> torch.Tensor:
+        """Run `token_ids` (positions past_length...) through the model, extending `cache`; return the
+        fp32 logits of the last `num_logits` positions, [num_logits, vocab]."""
+        ...
+
+    def crop(self, cache: Any, length: int) -> None:
+        """Forget cache entries from position `length` on (rejected draft tokens)."""
+        ...
+
+
+class HFModelRunner:
+    """A transformers causal LM (LlamaForCausalLM) with one DynamicCache per sequence."""
+
+    def __init__(self, model: Any):
+        from transformers import DynamicCache
+
+        self._model = model
+        self._new_cache = DynamicCache
+        self.vocab_size: int = model.config.vocab_size
+
+    def new_cache(self) -> Any:
+        return self._new_cache()
+
+    def forward(self, cache: Any, token_ids: Sequence[int], past_length: int, num_logits: int) -> torch.Tensor:
+        input_ids = torch.tensor([list(token_ids)], dtype=torch.long)
+        positions = torch.arange(past_length, past_length + len(token_ids))
+        with torch.no_grad():
+            output = self._model(
+                input_ids=input_ids,
+                past_key_values=cache,
+                use_cache=True,
+                cache_position=positions,
+                position_ids=positions.unsqueeze(0),
+                logits_to_keep=num_logits,  # skips the vocabulary projection of the rest of the prompt
+            )
+        return output.logits[0].float()
+
+    def crop(self, cache: Any, length: int) -> None:
+        cache.crop(length)
+
+
+@dataclass
+class EngineEvent:
+    request: GenerationRequest
+    token_ids: list[int] = field(default_factory=list)  # new tokens of this step
+    log_probs: list[float] = field(default_factory=list)  # one per new token, if return_log_probs
+    context_logits: np.ndarray | None = None  # [prompt_len, vocab], first event, if asked for
+    generation_logits: np.ndarray | None = None  # [len(token_ids), vocab], raw model logits, if asked for
+    accepted_draft_tokens: int = 0
+    finished: bool = False
+    finish_reason: str | None = None
+    error: BaseException | None = None
+
+
+EventCallback = Callable[[EngineEvent], None]
+
+
+class EngineShutDown(RuntimeError):
+    pass
+
+
+@dataclass(eq=False)
+class _Sequence:
+    request: GenerationRequest
+    on_event: EventCallback
+    is_cancelled: Callable[[], bool]
+    tokens: list[int]  # prompt + generated, extended in place
+    stop: StopCriteria
+    sampler: TokenSampler | None = None
+    cache: Any = None  # None until the prefill ran
+    cancel_requested: bool = False
+    done: bool = False
+
+
+class Engine:
+    def __init__(self, runner: ModelRunner, limits: EngineLimits, max_active: int = 8):
+        if runner.vocab_size != limits.vocab_size:
+            raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
+        self.limits = limits
+        self._runner = runner
+        self._max_active = max_active
+        self._cond = threading.Condition()
+        self._waiting: deque[_Sequence] = deque()
+        self._active: list[_Sequence] = []
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="embedded-engine", daemon=True)
+        self._thread.start()
+
+    def submit(
+        self, request: GenerationRequest, on_event: EventCallback, is_cancelled: Callable[[], bool] | None = None
+    ) -> None:
+        sequence = _Sequence(
+            request, on_event, is_cancelled or (lambda: False), list(request.prompt), request.stop_criteria
+        )
+        with self._cond:
+            if self._stopping:
+                raise EngineShutDown("the engine is shut down")
+            self._waiting.append(sequence)
+            self._cond.notify()
+
+    def cancel(self, request_id: str) -> int:
+        """Cancel every queued or running sequence of the Triton request `request_id`; returns how many.
+        Each ends with a final event, finish_reason "cancelled", at the next iteration."""
+        with self._cond:
+            matches = [s for s in (*self._waiting, *self._active) if s.request.request_id == request_id and not s.done]
+            for sequence in matches:
+                sequence.cancel_requested = True
+            self._cond.notify()
+            return len(matches)
+
+    def load(self) -> tuple[int, int]:
+        """(active, queued) sequences."""
+        with self._cond:
+            return len(self._active), len(self._waiting)
+
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the thread; sequences still queued or running end with an EngineShutDown error event."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join(timeout_s)
+
+    # ---- engine thread -----------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._active):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                while self._waiting and len(self._active) < self._max_active:
+                    self._active.append(self._waiting.popleft())
+                waiting = list(self._waiting)
+                active = list(self._active)
+            for sequence in waiting:  # queued requests can be cancelled too
+                if self._cancelled(sequence):
+                    self._finish_cancelled(sequence)
+            for sequence in active:
+                if self._cancelled(sequence):
+                    self._finish_cancelled(sequence)
+                else:
+                    self._advance(sequence)
+            with self._cond:
+                self._active = [s for s in self._active if not s.done]
+                self._waiting = deque(s for s in self._waiting if not s.done)
+        with self._cond:
+            remaining = [*self._active, *self._waiting]
+            self._active, self._waiting = [], deque()
+        for sequence in remaining:
+            self._finish(sequence, EngineEvent(sequence.request, finished=True, error=EngineShutDown(
+                "the engine shut down before the request finished")))
+
+    @staticmethod
+    def _cancelled(sequence: _Sequence) -> bool:
+        if sequence.cancel_requested:
+            return True
+        try:
+            return bool(sequence.is_cancelled())
+        except Exception:  # a broken response sender: nobody is listening any more
+            log.exception("is_cancelled() failed for request %r; cancelling it", sequence.request.request_id)
+            return True
+
+    def _advance(self, sequence: _Sequence) -> None:
+        try:
+            event = self._step(sequence)
+        except Exception as error:
+            log.exception("generation failed for request %r", sequence.request.request_id)
+            event = EngineEvent(sequence.request, finished=True, error=error)
+        if event.finished:
+            self._finish(sequence, event)
+        else:
+            self._emit(sequence, event)
+
+    def _step(self, sequence: _Sequence) -> EngineEvent:
+        request = sequence.request
+        prompt_len = len(request.prompt)
+        runner = self._runner
+        prefill = sequence.cache is None
+        if prefill:  # the prompt, with the draft tokens verified in the same forward pass
+            sequence.sampler = TokenSampler(
+                request.sampling, runner.vocab_size, request.prompt, request.end_id, request.stop_words,
+                want_log_probs=request.return_log_probs,
+            )
+            sequence.cache = runner.new_cache()
+            draft = request.draft_tokens
+            feed = [*sequence.tokens, *draft]
+            num_logits = len(feed) if request.return_context_logits else len(draft) + 1
+            logits = runner.forward(sequence.cache, feed, 0, num_logits)
+        else:
+            draft = ()
+            logits = runner.forward(sequence.cache, sequence.tokens[-1:], len(sequence.tokens) - 1, 1)
+        context_logits = None
+        if prefill and request.return_context_logits:
+            context_logits = logits[:prompt_len].numpy()
+            logits = logits[prompt_len - 1 :]
+        step = accept_tokens(logits, draft, sequence.sampler, sequence.tokens, prompt_len, sequence.stop)
+        if draft and step.finish_reason is None and step.accepted_drafts < len(draft):
+            runner.crop(sequence.cache, len(sequence.tokens) - 1)  # the last token is fed next step
+        return EngineEvent(
+            request,
+            token_ids=step.token_ids,
+            log_probs=step.log_probs,
+            context_logits=context_logits,
+            generation_logits=logits[step.rows].numpy() if request.return_generation_logits else None,
+            accepted_draft_tokens=step.accepted_drafts,
+            finished=step.finish_reason is not None,
+            finish_reason=step.finish_reason,
+        )
+
+    def _finish_cancelled(self, sequence: _Sequence) -> None:
+        self._finish(sequence, EngineEvent(sequence.request, finished=True, finish_reason=FINISH_CANCELLED))
+
+    def _finish(self, sequence: _Sequence, event: EngineEvent) -> None:
+        sequence.done = True
+        sequence.cache = None  # frees the KV cache now, not when the bookkeeping drops the sequence
+        sequence.sampler = None
+        self._emit(sequence, event)
+
+    @staticmethod
+    def _emit(sequence: _Sequence, event: EngineEvent) -> None:
+        try:
+            sequence.on_event(event)
+        except Exception:
+            log.exception("event callback failed for request %r; cancelling it", sequence.request.request_id)
+            sequence.cancel_requested = True
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The model parameters of `tensorrt_llm` that shape the engine (parsed by model.py)."""
+
+    checkpoint_dir: str | None = None
+    synthetic: bool = False
+    max_seq_len: int | None = None  # default: the checkpoint's max_position_embeddings
+    max_draft_len: int = 0  # like an engine built without draft support: draft_input_ids are rejected
+    max_active_requests: int = 8
+
+
+SYNTHETIC_MAX_SEQ_LEN = 8192
+
+
+def build_engine(settings: EngineSettings) -> Engine:
+    """Load the checkpoint (or the synthetic runner) and start the engine thread."""
+    runner: ModelRunner
+    if settings.synthetic:
+        from bls.engine.synthetic import SyntheticRunner
+
+        runner, model_max_len = SyntheticRunner(), SYNTHETIC_MAX_SEQ_LEN
+    else:
+        if not settings.checkpoint_dir:
+            raise ValueError("the checkpoint_dir model parameter is required unless synthetic is true")
+        from bls.engine.checkpoint import load_checkpoint
+
+        loaded = load_checkpoint(settings.checkpoint_dir)
+        runner, model_max_len = HFModelRunner(loaded.model), loaded.max_position_embeddings
+    max_seq_len = settings.max_seq_len or model_max_len
+    if max_seq_len > model_max_len:
+        raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
+    limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
+    return Engine(runner, limits, max_active=settings.max_active_requests)

@@ -1,0 +1,60 @@
+"""Turning the logits of one forward pass into new tokens, with external draft tokens verified on the way.
+
+TensorRT-LLM's `draft_tokens_external` semantics: the target model runs ONE forward over
+[last token] + draft (or prompt + draft in the first step). Row i of the resulting logits is the target's
+distribution after draft token i-1; the target chooses its own token there (with the request's sampling).
+Draft tokens are accepted while they equal the target's choice; the first disagreement, or the row after the
+last draft token, contributes one token of the target's own. So a step yields between 1 and len(draft)+1
+tokens, exactly the tokens the target alone would have produced (for greedy requests).
+
+end_id, stop words and the token limit are checked after every token, so an accepted run is cut where the
+sequence ends. A plain decode step is the same thing with no draft tokens.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from bls.engine.sampling import TokenSampler
+from bls.engine.stopping import FINISH_END_ID, StopCriteria
+
+
+@dataclass
+class StepTokens:
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    rows: list[int] = field(default_factory=list)  # logits row each token was chosen from
+    accepted_drafts: int = 0
+    finish_reason: str | None = None
+
+
+def accept_tokens(
+    logits: torch.Tensor,
+    draft: Sequence[int],
+    sampler: TokenSampler,
+    tokens: list[int],
+    prompt_len: int,
+    stop: StopCriteria,
+) -> StepTokens:
+    """Choose tokens from `logits` ([len(draft)+1, vocab]) and append them to `tokens` (prompt + generated,
+    extended in place). Returns what was appended and why the sequence ended, if it did."""
+    step = StepTokens()
+    for row in range(len(draft) + 1):
+        chosen = sampler.choose(logits[row], tokens)
+        if stop.is_end(chosen.token_id):
+            step.finish_reason = FINISH_END_ID
+            break
+        tokens.append(chosen.token_id)
+        step.token_ids.append(chosen.token_id)
+        step.rows.append(row)
+        if chosen.log_prob is not None:
+            step.log_probs.append(chosen.log_prob)
+        draft_accepted = row < len(draft) and chosen.token_id == draft[row]
+        step.accepted_drafts += draft_accepted
+        step.finish_reason = stop.reason_after_append(tokens, prompt_len)
+        if step.finish_reason is not None or not draft_accepted:
+            break
+    return step

@@ -1,0 +1,140 @@
+"""Draft-target speculative decoding driven from the BLS (TensorRT-LLM's `draft_tokens_external` mode).
+
+Each round: the draft model proposes k tokens for the current sequence; the target model verifies them
+through `draft_input_ids` in one forward pass and returns the longest prefix it agrees with plus one
+token of its own. With greedy sampling the output is therefore the target's own greedy output.
+
+Cost of a round: the draft runs k decode steps and the target one forward over k+1 tokens. Both are new
+engine requests carrying the whole sequence (4 bytes a token); the engines reuse the KV cache of the
+previous round's sequence (TensorRT-LLM: enable_kv_cache_reuse; the embedded engine: its prefix cache),
+so neither re-runs the prompt. The end of generation is detected without an extra round: the target
+returns fewer tokens than it was offered, all equal to the draft, only when it stopped (end_id or a stop
+word inside the accepted run); a partial acceptance always ends in a token that differs from the draft.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Protocol
+
+import numpy as np
+
+Tensors = dict[str, np.ndarray]
+OUTPUTS = ("output_ids", "sequence_length")
+# Target inputs that only make sense for the first round or are decided per round here.
+_PER_ROUND = {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "min_length",
+              "streaming", "exclude_input_in_output"}
+# What the draft gets: it proposes greedily; the target alone decides the output.
+_DRAFT_INPUTS = ("end_id", "pad_id", "bad_words_list", "embedding_bias")
+
+
+class ModelCaller(Protocol):
+    def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+              request_id: str = "") -> Tensors: ...
+
+
+@dataclass
+class SpeculationStats:
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    rounds: int = 0
+    finish_reason: str = "length"
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+
+def word_sequences(word_list: np.ndarray | None) -> list[list[int]]:
+    """[.., 2, N] word list (ids row, end offsets padded with -1) -> token sequences."""
+    if word_list is None or word_list.size == 0:
+        return []
+    ids, offsets = word_list.reshape(2, -1)
+    words, start = [], 0
+    for end in offsets:
+        if end < 0:
+            break
+        if end > start:
+            words.append(ids[start:end].tolist())
+        start = int(end)
+    return words
+
+
+def truncate_at_stop_word(previous: list[int], new: list[int], stop_words: list[list[int]]) -> tuple[list[int], bool]:
+    """Cut `new` right after the first stop word that ends inside it (a word may start in `previous`)."""
+    if not stop_words:
+        return new, False
+    longest = max(len(word) for word in stop_words)
+    window = previous[-(longest - 1):] if longest > 1 else []
+    tokens = window + new
+    for end in range(len(window) + 1, len(tokens) + 1):
+        for word in stop_words:
+            if end >= len(word) and tokens[end - len(word): end] == word:
+                return new[: end - len(window)], True
+    return new, False
+
+
+class DraftTargetDecoder:
+    def __init__(self, models: ModelCaller, target_model: str, draft_model: str):
+        self.models = models
+        self.target_model = target_model
+        self.draft_model = draft_model
+
+    def run(self, engine_inputs: Tensors, num_draft_tokens: int, request_id: str,
+            on_tokens: Callable[[list[int], Tensors], bool]) -> SpeculationStats:
+        """Generate with drafts; `on_tokens(new_tokens, {})` gets each round's tokens, False = cancelled."""
+        sequence = engine_inputs["input_ids"].reshape(-1).tolist()
+        max_tokens = int(engine_inputs["request_output_len"].reshape(-1)[0])
+        min_length = int(engine_inputs["min_length"].reshape(-1)[0]) if "min_length" in engine_inputs else 0
+        stop_words = word_sequences(engine_inputs.get("stop_words_list"))
+        target_common = {k: v for k, v in engine_inputs.items() if k not in _PER_ROUND}
+        draft_common = {k: v for k, v in engine_inputs.items() if k in _DRAFT_INPUTS}
+        generated: list[int] = []
+        stats = SpeculationStats()
+
+        while len(generated) < max_tokens:
+            k = min(num_draft_tokens, max_tokens - len(generated) - 1)
+            draft = self._call(self.draft_model, draft_common, sequence, k, f"{request_id}-d{stats.rounds}") if k > 0 else []
+            target_inputs = dict(target_common)
+            if draft:
+                target_inputs["draft_input_ids"] = np.array([draft], dtype=np.int32)
+            if min_length > len(generated):
+                target_inputs["min_length"] = np.array([[min_length - len(generated)]], dtype=np.int32)
+            new = self._call(self.target_model, target_inputs, sequence, len(draft) + 1, f"{request_id}-t{stats.rounds}")
+
+            stats.rounds += 1
+            stats.draft_tokens += len(draft)
+            stats.accepted_tokens += _common_prefix(draft, new)
+            engine_stopped = len(new) <= len(draft) and new == draft[: len(new)]
+            new, hit_stop_word = truncate_at_stop_word(generated, new, stop_words)
+            generated += new
+            sequence += new
+            if not on_tokens(new, {}):
+                stats.finish_reason = "cancelled"
+                return stats
+            if engine_stopped or hit_stop_word:
+                stats.finish_reason = "stop"
+                return stats
+        stats.finish_reason = "length"
+        return stats
+
+    def _call(self, model: str, common: Tensors, sequence: list[int], output_len: int, request_id: str) -> list[int]:
+        inputs = dict(common)
+        inputs["input_ids"] = np.array([sequence], dtype=np.int32)
+        inputs["input_lengths"] = np.array([[len(sequence)]], dtype=np.int32)
+        inputs["request_output_len"] = np.array([[output_len]], dtype=np.int32)
+        inputs["streaming"] = np.array([[False]])
+        inputs["exclude_input_in_output"] = np.array([[True]])
+        response = self.models.infer(model, inputs, OUTPUTS, request_id)
+        ids = response["output_ids"].reshape(-1, response["output_ids"].shape[-1])[0]
+        length = int(response["sequence_length"].reshape(-1)[0])
+        return ids[: min(length, ids.shape[-1])].tolist()
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n

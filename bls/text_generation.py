@@ -1,0 +1,333 @@
+"""What tensorrt_llm_bls does for one request: preprocess, generate (plain or speculative), detokenize.
+
+Pure Python over two small interfaces, so it is unit-tested without Triton:
+- `ModelCaller`: calls other models (`bls.triton_io.ChildModels` in the server);
+- `ResponseSink`: sends responses and reports client cancellation (`bls.triton_io.SafeSender`).
+
+Streaming sends the text added since the previous response (or, with accumulate_tokens, the whole text
+so far), produced by an incremental detokenizer: O(1) work per token, and the concatenated deltas are
+exactly the non-streamed text.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Protocol
+
+import numpy as np
+
+from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
+from bls.detokenizer import IncrementalDetokenizer
+from bls.errors import InvalidRequest
+from bls.speculative_decoding import DraftTargetDecoder, SpeculationStats
+
+Tensors = dict[str, np.ndarray]
+
+
+class ModelCaller(Protocol):
+    def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+              request_id: str = "") -> Tensors: ...
+
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterable[Tensors]: ...
+
+
+class ResponseSink(Protocol):
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
+
+    def is_cancelled(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class BlsConfig:
+    engine_model: str
+    preprocessing_model: str
+    postprocessing_model: str
+    draft_model: str | None
+    max_draft_len: int
+    accumulate_tokens: bool
+    skip_special_tokens: bool
+
+
+@dataclass(frozen=True)
+class TextRequest:
+    """One tensorrt_llm_bls request, validated. Array values keep their leading batch dimension."""
+
+    request_id: str
+    batch_size: int
+    stream: bool
+    exclude_input_in_output: bool
+    num_draft_tokens: int
+    preprocessing_inputs: Tensors
+    engine_inputs: Tensors  # sampling options, already under engine names
+
+    @classmethod
+    def from_inputs(cls, inputs: Mapping[str, np.ndarray], config: BlsConfig, request_id: str) -> "TextRequest":
+        if "max_tokens" not in inputs:
+            raise InvalidRequest("max_tokens", "is required")
+        if ("text_input" in inputs) == ("messages" in inputs):
+            raise InvalidRequest("text_input", "give exactly one of text_input and messages")
+        batch_size = int(inputs["max_tokens"].shape[0])
+        max_tokens = inputs["max_tokens"].reshape(batch_size, -1)[:, 0]
+        if (max_tokens <= 0).any():
+            raise InvalidRequest("max_tokens", f"must be > 0, got {int(max_tokens.min())}")
+
+        stream = _flag(inputs, "stream", False)
+        beam_width = _scalar(inputs, "beam_width", 1)
+        if beam_width != 1:
+            problem = "streaming needs beam_width 1" if stream else "only beam_width 1 is supported"
+            raise InvalidRequest("beam_width", f"{problem}, got {beam_width}")
+        if _flag(inputs, "use_draft_logits", False):
+            raise InvalidRequest("use_draft_logits", "draft logits are not supported; draft tokens are")
+        num_draft_tokens = _scalar(inputs, "num_draft_tokens", 0)
+        if num_draft_tokens < 0:
+            raise InvalidRequest("num_draft_tokens", f"must be >= 0, got {num_draft_tokens}")
+        if num_draft_tokens > 0:
+            if not config.draft_model:
+                raise InvalidRequest("num_draft_tokens", "no draft model is configured for this repository")
+            if num_draft_tokens > config.max_draft_len:
+                raise InvalidRequest(
+                    "num_draft_tokens",
+                    f"{num_draft_tokens} exceeds the target engine's max_draft_len {config.max_draft_len}",
+                )
+            if _flag(inputs, "return_context_logits", False) or _flag(inputs, "return_generation_logits", False):
+                raise InvalidRequest("num_draft_tokens", "logits outputs are not available with speculative decoding")
+
+        return cls(
+            # Unique even when clients reuse ids: child requests are stopped by id.
+            request_id=f"{request_id}-{uuid.uuid4().hex[:12]}" if request_id else uuid.uuid4().hex,
+            batch_size=batch_size,
+            stream=stream,
+            exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
+            num_draft_tokens=num_draft_tokens,
+            preprocessing_inputs={pre: inputs[text] for text, pre in TEXT_TO_PREPROCESSING.items() if text in inputs},
+            engine_inputs={
+                engine: inputs[text]
+                for text, engine in TEXT_TO_ENGINE.items()
+                if text in inputs and text not in ("stream", "exclude_input_in_output")
+            },
+        )
+
+
+def _scalar(inputs: Mapping[str, np.ndarray], name: str, default: int) -> int:
+    if name not in inputs:
+        return default
+    values = np.unique(inputs[name].reshape(-1))
+    if values.size != 1:
+        raise InvalidRequest(name, "must be the same for every row of a batch")
+    return int(values[0])
+
+
+def _flag(inputs: Mapping[str, np.ndarray], name: str, default: bool) -> bool:
+    return bool(_scalar(inputs, name, int(default)))
+
+
+@dataclass
+class RowResult:
+    token_ids: list[int] = field(default_factory=list)
+    num_input_tokens: int = 0
+    finish_reason: str = "stop"
+    speculation: SpeculationStats | None = None
+    first_token_s: float | None = None
+    stream_tail: str = ""  # streamed text still held back by the detokenizer when generation ended
+
+
+@dataclass(frozen=True)
+class GenerationObserver:
+    """Hooks for metrics; no-ops by default."""
+
+    on_first_token: Callable[[float], None] = lambda seconds: None
+    on_finished: Callable[[RowResult], None] = lambda result: None
+
+
+class TextGenerator:
+    ENGINE_OUTPUTS = ("output_ids", "sequence_length", *ENGINE_TO_TEXT)
+
+    def __init__(self, config: BlsConfig, models: ModelCaller, tokenizer, observer: GenerationObserver | None = None):
+        self.config = config
+        self.models = models
+        self.tokenizer = tokenizer
+        self.observer = observer or GenerationObserver()
+
+    def generate(self, request: TextRequest, sink: ResponseSink) -> None:
+        """Serve one request; every response (including the final one) goes through `sink`."""
+        started = time.monotonic()
+        pre = self.models.infer(
+            self.config.preprocessing_model, request.preprocessing_inputs,
+            [spec.name for spec in PREPROCESSING.outputs], request.request_id,
+        )
+        rows = range(request.batch_size)
+        if request.batch_size == 1:
+            results = [self._generate_row(request, pre, 0, sink, started)]
+        else:
+            with ThreadPoolExecutor(max_workers=request.batch_size) as pool:
+                results = list(pool.map(lambda row: self._generate_row(request, pre, row, sink, started), rows))
+        if request.stream:
+            sink.send(self._summary(request, results), final=True)
+        else:
+            texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results)]
+            outputs = self._summary(request, results)
+            outputs["text_output"] = np.array([[t.encode()] for t in texts], dtype=object)
+            sink.send(outputs, final=True)
+
+    # -- one batch row -----------------------------------------------------------------------------------
+    def _generate_row(self, request: TextRequest, pre: Tensors, row: int, sink: ResponseSink,
+                      started: float) -> RowResult:
+        prompt = _row_prompt(pre, row)
+        result = RowResult(num_input_tokens=len(prompt))
+        engine_inputs = _row_engine_inputs(request, pre, row)
+        streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
+
+        def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
+            """Record tokens, stream them; False when the client has gone away."""
+            if new_tokens and result.first_token_s is None:
+                result.first_token_s = time.monotonic() - started
+                self.observer.on_first_token(result.first_token_s)
+            result.token_ids.extend(new_tokens)
+            if streamer is not None:
+                outputs = streamer.push(new_tokens)
+                outputs.update(extra)
+                if outputs:
+                    sink.send(outputs)
+            return not sink.is_cancelled()
+
+        if request.num_draft_tokens > 0:
+            decoder = DraftTargetDecoder(self.models, self.config.engine_model, self.config.draft_model)
+            result.speculation = decoder.run(
+                engine_inputs, request.num_draft_tokens, f"{request.request_id}-{row}", on_tokens
+            )
+            result.finish_reason = result.speculation.finish_reason
+        else:
+            result.finish_reason = self._stream_engine(request, engine_inputs, f"{request.request_id}-{row}", on_tokens)
+        if streamer is not None:
+            result.stream_tail = streamer.finish()
+        self.observer.on_finished(result)
+        return result
+
+    def _stream_engine(self, request: TextRequest, engine_inputs: Tensors, child_id: str,
+                       on_tokens: Callable[[list[int], Tensors], bool]) -> str:
+        """Plain generation. The engine always streams to us, so a cancelled client stops it between tokens."""
+        inputs = dict(engine_inputs)
+        inputs["streaming"] = np.array([[True]])
+        inputs["exclude_input_in_output"] = np.array([[True]])
+        max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
+        generated = 0
+        for response in self.models.stream(self.config.engine_model, inputs, self.ENGINE_OUTPUTS, child_id):
+            tokens = _new_tokens(response)
+            generated += len(tokens)
+            extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in ENGINE_TO_TEXT and k != "batch_index"}
+            if not on_tokens(tokens, extra if request.stream else {}):
+                self.stop_engine(self.config.engine_model, child_id)
+                return "cancelled"
+        return "length" if generated >= max_tokens else "stop"
+
+    def stop_engine(self, model_name: str, child_id: str) -> None:
+        """Cancel a child generation: Triton 2.51 does not propagate cancellation to BLS children."""
+        self.models.infer(model_name, {
+            "input_ids": np.zeros((1, 1), np.int32),
+            "input_lengths": np.ones((1, 1), np.int32),
+            "request_output_len": np.ones((1, 1), np.int32),
+            "stop": np.array([[True]]),
+        }, ["output_ids"], child_id)
+
+    # -- final outputs -----------------------------------------------------------------------------------
+    def _final_text(self, request: TextRequest, pre: Tensors, row: int, result: RowResult) -> str:
+        """Non-streamed text, from the postprocessing model (the reference decode)."""
+        tokens = list(result.token_ids)
+        if not request.exclude_input_in_output:
+            tokens = _row_prompt(pre, row) + tokens
+        post = self.models.infer(self.config.postprocessing_model, {
+            "TOKENS_BATCH": np.array([[tokens]], dtype=np.int32).reshape(1, 1, -1),
+            "SEQUENCE_LENGTH": np.array([[len(tokens)]], dtype=np.int32),
+        }, ["OUTPUT"], request.request_id)
+        return post["OUTPUT"].reshape(-1)[0].decode("utf-8")
+
+    def _summary(self, request: TextRequest, results: list[RowResult]) -> Tensors:
+        outputs: Tensors = {
+            "finish_reason": np.array([[r.finish_reason.encode()] for r in results], dtype=object),
+            "num_input_tokens": np.array([[r.num_input_tokens] for r in results], dtype=np.int32),
+            "num_output_tokens": np.array([[len(r.token_ids)] for r in results], dtype=np.int32),
+        }
+        if request.stream:
+            outputs["text_output"] = np.array([[r.stream_tail.encode()] for r in results], dtype=object)
+        if request.num_draft_tokens > 0:
+            stats = [r.speculation for r in results]
+            outputs["total_draft_tokens"] = np.array([[s.draft_tokens] for s in stats], dtype=np.int32)
+            outputs["total_accepted_draft_tokens"] = np.array([[s.accepted_tokens] for s in stats], dtype=np.int32)
+            outputs["acceptance_rate"] = np.array([[s.acceptance_rate] for s in stats], dtype=np.float32)
+        return outputs
+
+
+class _TextStreamer:
+    """Turns streamed token ids into the text_output of each streamed response."""
+
+    def __init__(self, tokenizer, config: BlsConfig, request: TextRequest, prompt: list[int], row: int):
+        self._detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=config.skip_special_tokens)
+        self._accumulate = config.accumulate_tokens
+        self._text_so_far = ""
+        self._batch_index = np.array([[row]], dtype=np.int32) if request.batch_size > 1 else None
+        # The streamed text must add up to the non-streamed text, which starts with the prompt when the
+        # client asked for it.
+        self._pending = "" if request.exclude_input_in_output else self._detokenizer.push(prompt)
+
+    def push(self, tokens: list[int]) -> Tensors:
+        delta = self._pending + (self._detokenizer.push(tokens) if tokens else "")
+        self._pending = ""
+        if not delta and not tokens:
+            return {}
+        outputs = {"text_output": np.array([[self._text(delta).encode()]], dtype=object)}
+        if self._batch_index is not None:
+            outputs["batch_index"] = self._batch_index
+        return outputs
+
+    def finish(self) -> str:
+        """The text_output of the final response: the held-back tail (or, accumulating, the whole text)."""
+        return self._text(self._pending + self._detokenizer.finish())
+
+    def _text(self, delta: str) -> str:
+        if not self._accumulate:
+            return delta
+        self._text_so_far += delta
+        return self._text_so_far
+
+
+def _row_prompt(pre: Tensors, row: int) -> list[int]:
+    length = int(pre["REQUEST_INPUT_LEN"].reshape(-1)[row])
+    return pre["INPUT_ID"][row, :length].tolist()
+
+
+def _has_words(word_list: np.ndarray) -> bool:
+    """[1, 2, N] word list: the offsets row says whether there is any word at all."""
+    return word_list.size > 0 and bool((word_list[..., 1, :] > 0).any())
+
+
+def _row_engine_inputs(request: TextRequest, pre: Tensors, row: int) -> Tensors:
+    """The engine inputs of one batch row (batch 1), from preprocessing's outputs and the request."""
+    inputs: Tensors = {}
+    for pre_name, engine_name in PREPROCESSING_TO_ENGINE.items():
+        if pre_name not in pre:
+            continue
+        value = pre[pre_name][row : row + 1]
+        if pre_name == "INPUT_ID":
+            value = value[:, : int(pre["REQUEST_INPUT_LEN"].reshape(-1)[row])]
+        elif pre_name in ("STOP_WORDS_IDS", "BAD_WORDS_IDS") and not _has_words(value):
+            continue
+        elif pre_name == "EMBEDDING_BIAS" and value.shape[-1] == 0:
+            continue
+        inputs[engine_name] = value
+    for name, value in request.engine_inputs.items():
+        inputs[name] = value[row : row + 1] if value.shape[0] == request.batch_size else value
+    return inputs
+
+
+def _new_tokens(response: Tensors) -> list[int]:
+    """Token ids of one engine response (output_ids [1, beam, len]; beam 0)."""
+    ids = response.get("output_ids")
+    if ids is None or ids.size == 0:
+        return []
+    ids = ids.reshape(-1, ids.shape[-1])[0]
+    length = int(response["sequence_length"].reshape(-1)[0]) if "sequence_length" in response else ids.shape[-1]
+    return ids[: min(length, ids.shape[-1])].tolist()

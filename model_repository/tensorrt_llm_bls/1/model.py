@@ -1,0 +1,74 @@
+"""tensorrt_llm_bls: thin Triton adapter over bls.text_generation.
+
+Each request is served on a worker thread: Triton 2.51's child-stream iterator blocks the thread that
+iterates it, so an asyncio loop would serve one stream at a time. One instance serves many requests.
+"""
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+from bls.contract import TENSORRT_LLM_BLS
+from bls.text_generation import BlsConfig, GenerationObserver, TextGenerator, TextRequest
+from bls.tokenization import TokenizerBundle
+from bls.triton_io import ChildModels, Metrics, SafeSender, model_parameters, parse_bool, read_inputs
+
+MODEL = "tensorrt_llm_bls"
+FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        params = model_parameters(json.loads(args["model_config"]))
+        self.config = BlsConfig(
+            engine_model=params.get("tensorrt_llm_model_name", "tensorrt_llm"),
+            preprocessing_model=params.get("preprocessing_model_name", "preprocessing"),
+            postprocessing_model=params.get("postprocessing_model_name", "postprocessing"),
+            draft_model=params.get("tensorrt_llm_draft_model_name") or None,
+            max_draft_len=int(params.get("max_draft_len", "0")),
+            accumulate_tokens=parse_bool(params.get("accumulate_tokens"), False, "accumulate_tokens"),
+            skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens"),
+        )
+        self.generator = TextGenerator(
+            self.config, ChildModels(), TokenizerBundle.from_dir(params["tokenizer_dir"]), self._observer()
+        )
+        self.workers = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
+                                          thread_name_prefix="bls")
+
+    def _observer(self) -> GenerationObserver:
+        self.metrics = Metrics()
+        labels = {"model": MODEL}
+        first_token = self.metrics.histogram(
+            "llm_bls_time_to_first_token_seconds", "Time from request arrival to the first generated token",
+            labels, FIRST_TOKEN_BUCKETS)
+        output_tokens = self.metrics.counter("llm_bls_output_tokens_total", "Generated tokens", labels)
+        draft_tokens = self.metrics.counter("llm_bls_draft_tokens_total", "Draft tokens proposed", labels)
+        accepted = self.metrics.counter("llm_bls_accepted_draft_tokens_total", "Draft tokens accepted", labels)
+        finished = {
+            reason: self.metrics.counter("llm_bls_requests_total", "Finished generations by finish reason",
+                                         {**labels, "finish_reason": reason})
+            for reason in ("stop", "length", "cancelled")
+        }
+
+        def on_finished(result):
+            output_tokens.increment(len(result.token_ids))
+            finished[result.finish_reason].increment()
+            if result.speculation is not None:
+                draft_tokens.increment(result.speculation.draft_tokens)
+                accepted.increment(result.speculation.accepted_tokens)
+
+        return GenerationObserver(on_first_token=first_token.observe, on_finished=on_finished)
+
+    def execute(self, requests):
+        for request in requests:
+            self.workers.submit(self._serve, request, SafeSender(request, MODEL))
+        return None
+
+    def _serve(self, request, sender):
+        try:
+            inputs = read_inputs(request, TENSORRT_LLM_BLS)
+            self.generator.generate(TextRequest.from_inputs(inputs, self.config, request.request_id()), sender)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
+            sender.send_error(error)
+
+    def finalize(self):
+        self.workers.shutdown(wait=False, cancel_futures=True)
