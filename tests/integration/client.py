@@ -1,0 +1,101 @@
+"""Small client helpers for the integration tests: HTTP generate / generate_stream, gRPC streaming."""
+
+from __future__ import annotations
+
+import json
+import queue
+import urllib.error
+import urllib.request
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import np_to_triton_dtype
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"HTTP {status}: {message}")
+        self.status = status
+        self.message = message
+
+
+def _post(url: str, body: dict, timeout: float):
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(request, timeout=timeout)
+    except urllib.error.HTTPError as error:
+        payload = error.read().decode(errors="replace")
+        try:
+            payload = json.loads(payload)["error"]
+        except (ValueError, KeyError):
+            pass
+        raise HttpError(error.code, payload) from None
+
+
+def generate(http_url: str, model: str, body: dict, timeout: float = 120) -> dict:
+    with _post(f"http://{http_url}/v2/models/{model}/generate", body, timeout) as response:
+        return json.loads(response.read())
+
+
+def generate_stream(http_url: str, model: str, body: dict, timeout: float = 120) -> list[dict]:
+    """All SSE events of one generate_stream call; an in-band error raises HttpError(200, message)."""
+    events = []
+    with _post(f"http://{http_url}/v2/models/{model}/generate_stream", body, timeout) as response:
+        for raw in response:
+            line = raw.decode().strip()
+            if not line.startswith("data:"):
+                continue
+            event = json.loads(line[len("data:"):])
+            if "error" in event:
+                raise HttpError(200, event["error"])
+            events.append(event)
+    return events
+
+
+def tensor(name: str, value) -> grpcclient.InferInput:
+    array = np.asarray(value)
+    if array.dtype.kind in "US":
+        array = np.array([v.encode() if isinstance(v, str) else v for v in array.reshape(-1)], dtype=object).reshape(array.shape)
+    item = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
+    item.set_data_from_numpy(array)
+    return item
+
+
+@dataclass
+class StreamResult:
+    responses: list[dict] = field(default_factory=list)  # output name -> numpy array, per response
+    error: str | None = None
+    completed: bool = False
+
+
+def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, request_id: str | None = None,
+                cancel_after: int | None = None, timeout: float = 120) -> StreamResult:
+    """One request over a gRPC stream. cancel_after=N: cancel the stream after N data responses."""
+    events: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: events.put((result, error)))
+    result = StreamResult()
+    try:
+        client.async_stream_infer(
+            model, [tensor(k, v) for k, v in inputs.items()], request_id=request_id or uuid.uuid4().hex,
+            outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], enable_empty_final_response=True,
+        )
+        while True:
+            response, error = events.get(timeout=timeout)
+            if error is not None:
+                result.error = str(error)
+                break
+            data = {o: response.as_numpy(o) for o in outputs if response.as_numpy(o) is not None}
+            if data:
+                result.responses.append(data)
+            if response.get_response().parameters["triton_final_response"].bool_param:
+                result.completed = True
+                break
+            if cancel_after is not None and len(result.responses) >= cancel_after:
+                break
+    finally:
+        client.stop_stream(cancel_requests=cancel_after is not None)
+        client.close()
+    return result

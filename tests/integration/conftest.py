@@ -1,0 +1,67 @@
+"""The server the integration tests talk to: started here on free ports, or given by --server-url."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from dataclasses import dataclass
+
+import pytest
+
+from engine_build.server import TritonServer, is_ready
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    http: str  # host:port
+    grpc: str
+    metrics: str  # full URL of the Prometheus endpoint
+
+    def model_config(self, model: str) -> dict:
+        with urllib.request.urlopen(f"http://{self.http}/v2/models/{model}/config", timeout=10) as response:
+            return json.loads(response.read())
+
+    def model_parameter(self, model: str, key: str) -> str | None:
+        value = self.model_config(model).get("parameters", {}).get(key)
+        return None if value is None else value["string_value"]
+
+    def has_model(self, model: str) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://{self.http}/v2/models/{model}/ready", timeout=10) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    def metrics_text(self) -> str:
+        with urllib.request.urlopen(self.metrics, timeout=10) as response:
+            return response.read().decode()
+
+
+def _parse_url(url: str) -> Endpoint:
+    host, _, ports = url.partition(":")
+    http, _, grpc = (ports or "8000").partition(",")
+    grpc = grpc or str(int(http) + 1)
+    return Endpoint(f"{host}:{http}", f"{host}:{grpc}", f"http://{host}:{int(http) + 2}/metrics")
+
+
+@pytest.fixture(scope="session")
+def endpoint(request, repo_dir, tmp_path_factory):
+    url = request.config.getoption("--server-url")
+    if url:
+        endpoint = _parse_url(url)
+        if not is_ready(endpoint.http):
+            pytest.exit(f"--server-url {url}: server is not ready at http://{endpoint.http}", returncode=2)
+        yield endpoint
+        return
+    if not (repo_dir / "ensemble").is_dir():
+        pytest.exit(f"{repo_dir} is not a built model repository: run `make repo`", returncode=2)
+    log = tmp_path_factory.mktemp("triton") / "tritonserver.log"
+    with TritonServer(repo_dir, log_path=log) as server:
+        yield Endpoint(server.http_url, server.grpc_url, server.metrics_url)
+        assert server.is_alive(), f"tritonserver died during the tests; see {log}"
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if "integration" in str(item.fspath):
+            item.add_marker(pytest.mark.integration)

@@ -1,0 +1,76 @@
+"""Config templates: strict rendering and validation as Triton ModelConfig protobufs."""
+
+from pathlib import Path
+
+import pytest
+
+from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
+from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
+
+TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def test_unknown_key_is_an_error():
+    with pytest.raises(TemplateError, match=r"unknown template keys \['typo'\]"):
+        render_template("max_batch_size: ${triton_max_batch_size}", {"triton_max_batch_size": 8, "typo": 1}, "t")
+
+
+def test_unfilled_key_is_an_error():
+    with pytest.raises(TemplateError, match=r"unfilled template keys \['triton_max_batch_size'\]"):
+        render_template("max_batch_size: ${triton_max_batch_size}", {}, "t")
+
+
+def test_invalid_protobuf_is_an_error():
+    with pytest.raises(TemplateError, match="not a valid Triton ModelConfig"):
+        parse_model_config('name: "x"\nmax_batch_size: "eight"', "t")
+
+
+def test_booleans_render_as_protobuf_booleans():
+    assert render_template("decoupled: ${d}", {"d": True}, "t") == "decoupled: true"
+
+
+def _fake_checkpoint(path: Path) -> Path:
+    path.mkdir()
+    (path / "config.json").write_text("{}")
+    return path
+
+
+def test_embedded_repository_renders_every_model(tmp_path):
+    target = _fake_checkpoint(tmp_path / "target")
+    draft = _fake_checkpoint(tmp_path / "draft")
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=tmp_path, target=target, draft=draft))
+    models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"}
+    assert set(read_manifest(repo)["models"]) == models
+    for name in models:
+        config = parse_model_config((repo / name / "config.pbtxt").read_text(), name)
+        assert config.name == name
+    engine = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "engine")
+    assert engine.backend == "python" and engine.model_transaction_policy.decoupled
+    assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
+    bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
+    assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
+
+
+def test_trtllm_config_targets_the_cpp_backend():
+    text = render_model_config(TEMPLATES / "tensorrt_llm" / "config.pbtxt", {
+        "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
+        "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/engines/llama3",
+        "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.5,
+        "enable_kv_cache_reuse": True, "exclude_input_in_output": True,
+    }, contract_name="tensorrt_llm")
+    config = parse_model_config(text, "trtllm")
+    assert config.backend == "tensorrtllm"
+    assert config.parameters["gpt_model_path"].string_value == "/engines/llama3"
+    assert config.parameters["enable_kv_cache_reuse"].string_value == "true"
+    scalar = next(i for i in config.input if i.name == "request_output_len")
+    assert list(scalar.reshape.shape) == [] and scalar.HasField("reshape")
+
+
+def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "precious.txt").write_text("keep me")
+    with pytest.raises(RuntimeError, match="refusing to overwrite"):
+        assemble_repository(tmp_path / "repo", RepositorySettings(
+            engine="embedded", tokenizer_dir=tmp_path, target=_fake_checkpoint(tmp_path / "t")))
+    assert (tmp_path / "repo" / "precious.txt").read_text() == "keep me"

@@ -1,0 +1,121 @@
+"""The BLS's draft-target loop, against a deterministic in-process stand-in for the two engines.
+
+The stand-in follows TensorRT-LLM's draft_tokens_external contract (accept the longest matching prefix
+plus one own token; stop at end_id / stop words; never return end_id); the real engines are exercised by
+the integration tests.
+"""
+
+import numpy as np
+
+from bls.speculative_decoding import DraftTargetDecoder, truncate_at_stop_word, word_sequences
+
+END_ID = 2
+
+
+def target_next(sequence):
+    """The target's greedy choice: a fixed function of the last two tokens."""
+    return (sequence[-1] * 7 + sequence[-2] * 3) % 50 + 3
+
+
+class FakeEngines:
+    def __init__(self, draft_error_every=3, end_after=None):
+        self.draft_error_every = draft_error_every
+        self.end_after = end_after  # emit end_id once the sequence is this long
+        self.calls = []
+
+    def _next(self, seq):
+        if self.end_after is not None and len(seq) >= self.end_after:
+            return END_ID
+        return target_next(seq)
+
+    def infer(self, model_name, inputs, outputs, request_id=""):
+        seq = inputs["input_ids"].reshape(-1).tolist()
+        n = int(inputs["request_output_len"].reshape(-1)[0])
+        self.calls.append((model_name, len(seq), n))
+        out = []
+        if model_name == "draft":
+            for i in range(n):
+                token = self._next(seq + out)
+                if (len(seq) + i) % self.draft_error_every == 0:
+                    token = token + 1  # a wrong guess now and then
+                if token == END_ID:
+                    break
+                out.append(token)
+        else:
+            draft = inputs["draft_input_ids"].reshape(-1).tolist() if "draft_input_ids" in inputs else []
+            for i in range(len(draft) + 1):
+                token = self._next(seq + out)
+                if token == END_ID:
+                    break
+                out.append(token)
+                if i >= len(draft) or draft[i] != token:
+                    break
+        return {"output_ids": np.array([[out]], dtype=np.int32).reshape(1, 1, -1),
+                "sequence_length": np.array([[len(out)]], dtype=np.int32)}
+
+
+def greedy_reference(prompt, max_tokens, end_after=None):
+    seq = list(prompt)
+    while len(seq) - len(prompt) < max_tokens:
+        token = END_ID if end_after is not None and len(seq) >= end_after else target_next(seq)
+        if token == END_ID:
+            break
+        seq.append(token)
+    return seq[len(prompt):]
+
+
+def run(engines, prompt, max_tokens, k, stop_words=None):
+    inputs = {"input_ids": np.array([prompt], np.int32), "request_output_len": np.array([[max_tokens]], np.int32),
+              "end_id": np.array([[END_ID]], np.int32)}
+    if stop_words is not None:
+        inputs["stop_words_list"] = stop_words
+    chunks = []
+    stats = DraftTargetDecoder(engines, "target", "draft").run(inputs, k, "r", lambda t, _: chunks.append(t) or True)
+    return [t for c in chunks for t in c], stats
+
+
+def test_output_equals_target_greedy_for_any_draft_length():
+    prompt = [5, 9, 11]
+    for k in (1, 2, 4, 7):
+        tokens, stats = run(FakeEngines(), prompt, 40, k)
+        assert tokens == greedy_reference(prompt, 40)
+        assert stats.finish_reason == "length"
+        assert 0 < stats.accepted_tokens < stats.draft_tokens
+
+
+def test_exact_max_tokens_and_no_draft_beyond_it():
+    engines = FakeEngines(draft_error_every=10**9)
+    tokens, stats = run(engines, [4, 6], 10, 4)
+    assert len(tokens) == 10 and stats.acceptance_rate == 1.0
+    for model, seq_len, n in engines.calls:  # never asks for more than what is left
+        assert seq_len - 2 + n <= 10
+
+
+def test_end_id_detected_in_the_same_round():
+    engines = FakeEngines(end_after=9)
+    tokens, stats = run(engines, [5, 9, 11], 40, 4)
+    assert tokens == greedy_reference([5, 9, 11], 40, end_after=9)
+    assert stats.finish_reason == "stop"
+    target_calls = [c for c in engines.calls if c[0] == "target"]
+    assert target_calls[-1][1] <= 9  # no extra round after the end
+
+
+def test_stop_word_spanning_two_rounds_is_found():
+    reference = greedy_reference([5, 9, 11], 40)
+    word = reference[5:7]
+    stop = np.array([[word, [2, -1]]], dtype=np.int32).reshape(1, 2, 2)
+    tokens, stats = run(FakeEngines(), [5, 9, 11], 40, 3, stop_words=stop)
+    assert tokens == reference[:7] and stats.finish_reason == "stop"
+
+
+def test_word_sequences_uses_offsets_not_rows():
+    # two words [10, 11] and [12]; upstream's bug compared the offsets row as if it were a word
+    words = np.array([[[10, 11, 12], [2, 3, -1]]], dtype=np.int32)
+    assert word_sequences(words) == [[10, 11], [12]]
+    assert word_sequences(np.array([[[0], [-1]]], dtype=np.int32)) == []
+
+
+def test_truncate_at_stop_word():
+    assert truncate_at_stop_word([1, 2], [3, 4, 5], [[2, 3]]) == ([3], True)
+    assert truncate_at_stop_word([1], [3, 4, 5], [[4]]) == ([3, 4], True)
+    assert truncate_at_stop_word([1], [3, 4, 5], [[9]]) == ([3, 4, 5], False)
