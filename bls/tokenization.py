@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+import jinja2
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
@@ -166,12 +167,15 @@ class TokenizerBundle:
             text, add_special_tokens=add_special_tokens and not already_has_bos, split_special_tokens=False
         )
 
-    def render_chat(self, messages: Sequence[ChatMessage]) -> str:
+    def render_chat(self, messages: Sequence[ChatMessage], field: str = "MESSAGES") -> str:
         """The prompt text, exactly as transformers renders it (generation prompt included)."""
-        return self._apply_template([{"role": m.role, "content": m.content} for m in messages])
+        return self._apply_template([{"role": m.role, "content": m.content} for m in messages], field)
 
-    def _apply_template(self, conversation: list[dict[str, str]]) -> str:
-        return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+    def _apply_template(self, conversation: list[dict[str, str]], field: str) -> str:
+        try:
+            return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        except jinja2.TemplateError as error:  # templates may refuse a conversation (role order...)
+            raise InvalidRequest(field, f"the chat template refused these messages: {error}") from None
 
     def encode_chat(self, messages: Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> list[int]:
         """Chat messages rendered with the tokenizer's own template.
@@ -181,12 +185,14 @@ class TokenizerBundle:
         in markers made of a per-call random nonce in private-use characters; the markers split the
         rendering into template parts and content parts, which are encoded separately. Removing the
         markers must give back the plain rendering, which proves the split is faithful (templates that
-        trim content get the markers around the trimmed content).
+        trim content get the markers around the trimmed content). Template and content parts are encoded
+        separately; in Llama 3's template every content sits between "\n\n" and a control token, where
+        the pre-tokenizer splits anyway, so benign content gets exactly transformers' ids.
         """
         if not self.tokenizer.chat_template:
             raise InvalidRequest(field, "this model's tokenizer has no chat template; send QUERY text instead")
         messages = validate_chat_messages(list(messages), field)
-        plain = self.render_chat(messages)
+        plain = self.render_chat(messages, field)
         marked, open_marker, close_marker = self._render_marked(messages, plain, field)
         parts = re.split(f"{re.escape(open_marker)}(.*?){re.escape(close_marker)}", marked, flags=re.DOTALL)
         ids: list[int] = []
@@ -208,7 +214,7 @@ class TokenizerBundle:
             conversation = [
                 {"role": m.role, "content": f"{open_marker}{wrap(m.content)}{close_marker}"} for m in messages
             ]
-            marked = self._apply_template(conversation)
+            marked = self._apply_template(conversation, field)
             if marked.replace(open_marker, "").replace(close_marker, "") == plain:
                 return marked, open_marker, close_marker
         raise InvalidRequest(

@@ -34,3 +34,11 @@ def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
     from engine_build.tokenizer_assets import write_llama3_tokenizer
 
     return write_llama3_tokenizer(tmp_path_factory.mktemp("tokenizer"))
+
+
+@pytest.fixture(scope="session")
+def bundle(tokenizer_dir):
+    """The tokenizer bundle every text test shares (loading it takes ~2 s)."""
+    from bls.tokenization import TokenizerBundle
+
+    return TokenizerBundle.from_dir(tokenizer_dir)
