@@ -166,6 +166,8 @@ EMBEDDED_ENGINE_SUPPORTED_INPUTS = frozenset(
         # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
         # ignores them, as the tensorrtllm backend does.
         "decoder_input_ids", "decoder_input_lengths",
+        # Beam-search knobs that TensorRT-LLM ignores at beam width 1, the only width served here.
+        "len_penalty", "early_stopping", "beam_search_diversity_rate",
     }
 )
 

@@ -145,16 +145,21 @@ def _parse_row(
         raise InvalidRequest("beam_width", f"only 1 is supported by the embedded engine, got {beam_width}")
     num_return_sequences = rows.scalar("num_return_sequences", row, int, 1)
     if num_return_sequences != 1:
-        raise InvalidRequest("num_return_sequences", f"only 1 is supported by the embedded engine, got {num_return_sequences}")
+        raise InvalidRequest(
+            "num_return_sequences", f"only 1 is supported by the embedded engine, got {num_return_sequences}"
+        )
 
-    end_id = _optional_token("end_id", rows.scalar("end_id", row, int), vocab)
+    end_id = rows.scalar("end_id", row, int)
+    # -1 is the conventional "no end id" (preprocessing passes it through): run to max tokens.
+    end_id = None if end_id == -1 else _optional_token("end_id", end_id, vocab)
     pad_id = _optional_token("pad_id", rows.scalar("pad_id", row, int), vocab)
 
     draft = rows.item("draft_input_ids", row, 1)
     draft_tokens = () if draft is None else tuple(draft.astype(np.int64).tolist())
     if len(draft_tokens) > limits.max_draft_len:
         raise InvalidRequest(
-            "draft_input_ids", f"{len(draft_tokens)} draft tokens exceed the engine's max_draft_len {limits.max_draft_len}"
+            "draft_input_ids",
+            f"{len(draft_tokens)} draft tokens exceed the engine's max_draft_len {limits.max_draft_len}",
         )
     _check_token_ids("draft_input_ids", np.asarray(draft_tokens, np.int64), vocab)
 

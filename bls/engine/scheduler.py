@@ -150,9 +150,9 @@ class Engine:
             return len(matches)
 
     def load(self) -> tuple[int, int]:
-        """(active, queued) sequences."""
+        """(active, queued) sequences that have not finished."""
         with self._cond:
-            return len(self._active), len(self._waiting)
+            return sum(not s.done for s in self._active), sum(not s.done for s in self._waiting)
 
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the thread; sequences still queued or running end with an EngineShutDown error event."""

@@ -2,7 +2,8 @@
 
 The token after position p is `TEXT_CYCLE[p % len(TEXT_CYCLE)]`, a sentence of ordinary Llama 3 tokens, so
 tokenizers, streaming and clients see real text. Logits come from a precomputed table (one sharp row per
-cycle token), so a forward costs one small index copy and the sampler still does its normal work.
+cycle token), so a forward costs almost nothing and the sampler still does its normal work over the
+full Llama 3 vocabulary. The rows returned are views of that table: callers must not write into them.
 Selected with the `synthetic` model parameter; never the default.
 """
 
@@ -27,14 +28,19 @@ class SyntheticRunner:
     def __init__(self, vocab_size: int = LLAMA3_VOCAB_SIZE, cycle: Sequence[int] = TEXT_CYCLE, peak: float = 30.0):
         self.vocab_size = vocab_size
         self._cycle_len = len(cycle)
-        self._rows = torch.zeros(len(cycle), vocab_size)
-        self._rows[torch.arange(len(cycle)), torch.as_tensor(cycle)] = peak
+        # The cycle twice over, so any window of up to one cycle is a slice (a view, no copy).
+        doubled = torch.as_tensor([*cycle, *cycle])
+        self._rows = torch.zeros(len(doubled), vocab_size)
+        self._rows[torch.arange(len(doubled)), doubled] = peak
 
     def new_cache(self) -> _LengthCache:
         return _LengthCache()
 
     def forward(self, cache: _LengthCache, token_ids: Sequence[int], past_length: int, num_logits: int) -> torch.Tensor:
         cache.length = past_length + len(token_ids)
+        first = (cache.length - num_logits) % self._cycle_len
+        if num_logits <= self._cycle_len:
+            return self._rows[first : first + num_logits]
         positions = torch.arange(cache.length - num_logits, cache.length)
         return self._rows[positions % self._cycle_len]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import queue
+import time
 import urllib.error
 import urllib.request
 import uuid
@@ -66,6 +67,7 @@ def tensor(name: str, value) -> grpcclient.InferInput:
 @dataclass
 class StreamResult:
     responses: list[dict] = field(default_factory=list)  # output name -> numpy array, per response
+    arrival_times: list[float] = field(default_factory=list)  # time.monotonic() of each data response
     error: str | None = None
     completed: bool = False
 
@@ -90,6 +92,7 @@ def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, 
             data = {o: response.as_numpy(o) for o in outputs if response.as_numpy(o) is not None}
             if data:
                 result.responses.append(data)
+                result.arrival_times.append(time.monotonic())
             if response.get_response().parameters["triton_final_response"].bool_param:
                 result.completed = True
                 break

@@ -1,0 +1,168 @@
+"""tensorrt_llm_bls through a real tritonserver: clean streamed deltas, speculative decoding, cancellation,
+concurrency and errors.
+
+The default model's random weights emit arbitrary byte-level tokens (half characters, emoji pieces, CJK
+fragments): a good adversary for incremental detokenization.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tests.integration.client import HttpError, generate, generate_stream, grpc_stream
+from tests.integration.test_text import strings
+
+BLS = "tensorrt_llm_bls"
+PROMPTS = [
+    "Once upon a time",
+    "Écris un poème sur la mer 🌊",
+    "用中文写一首诗",
+    "def fibonacci(n):",
+    "   leading spaces and\ttabs",
+    "Привет! Как дела?",
+    "<|eot_id|> is just text here",
+    "🙂🙃🤖👾",
+]
+
+
+def streamed_text(events) -> str:
+    return "".join(event["text_output"] for event in events)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_streamed_deltas_add_up_to_the_non_streamed_text(endpoint, prompt):
+    body = {"text_input": prompt, "max_tokens": 48, "end_id": -1}
+    full = generate(endpoint.http, BLS, body)
+    events = generate_stream(endpoint.http, BLS, {**body, "stream": True})
+    assert streamed_text(events) == full["text_output"]
+    assert full["num_output_tokens"] == 48 and full["finish_reason"] == "length"
+    assert events[-1]["finish_reason"] == "length"
+
+
+def test_stream_equals_non_stream_over_many_random_outputs(endpoint):
+    """Sampled outputs of the random model: many different byte-token sequences."""
+    for seed in range(12):
+        body = {"text_input": "x", "max_tokens": 40, "end_id": -1, "temperature": 1.0, "top_k": 1000,
+                "random_seed": seed}
+        full = generate(endpoint.http, BLS, body)["text_output"]
+        assert streamed_text(generate_stream(endpoint.http, BLS, {**body, "stream": True})) == full
+
+
+def test_bls_matches_the_ensemble(endpoint):
+    body = {"text_input": "Once upon a time", "max_tokens": 16}
+    assert generate(endpoint.http, BLS, body)["text_output"] == generate(endpoint.http, "ensemble", body)["text_output"]
+
+
+def test_conversation_and_prompt_echo(endpoint):
+    messages = json.dumps([{"role": "user", "content": "Hi there"}])
+    plain = generate(endpoint.http, BLS, {"messages": messages, "max_tokens": 8})
+    echoed = generate(endpoint.http, BLS, {"messages": messages, "max_tokens": 8, "exclude_input_in_output": False})
+    assert echoed["text_output"].startswith("user\n\nHi there") and echoed["text_output"].endswith(plain["text_output"])
+    streamed = generate_stream(endpoint.http, BLS, {"messages": messages, "max_tokens": 8, "stream": True,
+                                                    "exclude_input_in_output": False})
+    assert streamed_text(streamed) == echoed["text_output"]
+    assert plain["num_input_tokens"] > 5
+
+
+def test_finish_reason_stop_at_end_id(endpoint, bundle):
+    body = {"text_input": "Once upon a time", "max_tokens": 12, "end_id": -1}
+    tokens = bundle.tokenizer.encode(generate(endpoint.http, BLS, body)["text_output"], add_special_tokens=False)
+    ids = generate(endpoint.http, "tensorrt_llm", {
+        "input_ids": bundle.encode_text("Once upon a time", add_special_tokens=True),
+        "input_lengths": [len(bundle.encode_text("Once upon a time", add_special_tokens=True))],
+        "request_output_len": [12], "exclude_input_in_output": True})["output_ids"]
+    stopped = generate(endpoint.http, BLS, {**body, "end_id": ids[4]})
+    assert stopped["finish_reason"] == "stop" and stopped["num_output_tokens"] == ids.index(ids[4])
+    assert tokens  # the free run produced text
+
+
+@pytest.mark.parametrize("num_draft_tokens", [1, 4, 8])
+def test_speculative_equals_plain_greedy(endpoint, num_draft_tokens):
+    if not endpoint.model_parameter(BLS, "tensorrt_llm_draft_model_name"):
+        pytest.skip("no draft model in this repository")
+    body = {"text_input": "Once upon a time", "max_tokens": 40, "end_id": -1}
+    plain = generate(endpoint.http, BLS, body)
+    spec = generate(endpoint.http, BLS, {**body, "num_draft_tokens": num_draft_tokens})
+    assert spec["text_output"] == plain["text_output"]
+    assert spec["num_output_tokens"] == 40 and spec["finish_reason"] == "length"
+    assert spec["total_draft_tokens"] > 0 and 0.0 <= spec["acceptance_rate"] <= 1.0
+    streamed = generate_stream(endpoint.http, BLS, {**body, "num_draft_tokens": num_draft_tokens, "stream": True})
+    assert streamed_text(streamed) == plain["text_output"]
+
+
+def test_speculative_with_batch_of_two(endpoint):
+    if not endpoint.model_parameter(BLS, "tensorrt_llm_draft_model_name"):
+        pytest.skip("no draft model in this repository")
+    inputs = {"text_input": strings("Once upon a time", "用中文写一首诗"),
+              "max_tokens": np.array([[20], [20]], dtype=np.int32),
+              "num_draft_tokens": np.array([[4], [4]], dtype=np.int32)}
+    result = grpc_stream(endpoint.grpc, BLS, inputs, ["text_output", "finish_reason"])
+    assert result.error is None and result.completed
+    texts = [t.decode() for t in result.responses[-1]["text_output"].reshape(-1)]
+    for prompt, text in zip(["Once upon a time", "用中文写一首诗"], texts):
+        assert text == generate(endpoint.http, BLS, {"text_input": prompt, "max_tokens": 20})["text_output"]
+
+
+def _engine_metric(endpoint, name: str, model: str) -> float:
+    for line in endpoint.metrics_text().splitlines():
+        if line.startswith(name + "{") and f'model="{model}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not found")
+
+
+def test_client_disconnect_stops_the_engine(endpoint):
+    inputs = {"text_input": strings("Tell me everything"), "max_tokens": np.array([[3000]], dtype=np.int32),
+              "stream": np.array([[True]]), "end_id": np.array([[-1]], dtype=np.int32)}
+    result = grpc_stream(endpoint.grpc, BLS, inputs, ["text_output"], cancel_after=3)
+    assert len(result.responses) == 3
+    deadline = time.monotonic() + 10
+    while _engine_metric(endpoint, "embedded_engine_active_sequences", "tensorrt_llm") > 0:
+        assert time.monotonic() < deadline, "the engine kept generating after the client left"
+        time.sleep(0.1)
+    before = _engine_metric(endpoint, "embedded_engine_generated_tokens_total", "tensorrt_llm")
+    time.sleep(0.5)
+    assert _engine_metric(endpoint, "embedded_engine_generated_tokens_total", "tensorrt_llm") == before
+
+
+def test_many_concurrent_streams_complete(endpoint):
+    results = {}
+
+    def run(index):
+        events = generate_stream(endpoint.http, BLS, {"text_input": f"story {index}", "max_tokens": 24,
+                                                      "end_id": -1, "stream": True})
+        results[index] = (events[0]["text_output"] is not None, events[-1]["num_output_tokens"])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(12)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert results == {i: (True, 24) for i in range(12)}
+
+
+@pytest.mark.parametrize("body, field", [
+    ({"text_input": "hi", "max_tokens": 4, "num_draft_tokens": -1}, "num_draft_tokens"),
+    ({"text_input": "hi", "max_tokens": 4, "num_draft_tokens": 1000}, "num_draft_tokens"),
+    ({"text_input": "hi", "max_tokens": 4, "stream": True, "beam_width": 2}, "beam_width"),
+    ({"messages": "[{\"role\": \"user\"}]", "max_tokens": 4}, "content"),
+    ({"text_input": "hi", "messages": "[]", "max_tokens": 4}, "text_input"),
+    ({"text_input": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"text_input": "word " * 5000, "max_tokens": 4}, "QUERY"),
+])
+def test_bls_errors(endpoint, body, field):
+    with pytest.raises(HttpError) as error:
+        generate(endpoint.http, BLS, body)
+    assert field in error.value.message and "Traceback" not in error.value.message
+    assert generate(endpoint.http, BLS, {"text_input": "ok", "max_tokens": 2})["num_output_tokens"] == 2
+
+
+def test_bls_metrics_are_exported(endpoint):
+    generate(endpoint.http, BLS, {"text_input": "count me", "max_tokens": 3})
+    text = endpoint.metrics_text()
+    assert "llm_bls_time_to_first_token_seconds_count" in text
+    assert _engine_metric(endpoint, "llm_bls_output_tokens_total", BLS) >= 3

@@ -1,0 +1,418 @@
+"""The engine thread and the response shaping, with a small random Llama (and the synthetic runner)."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from bls.engine.request import EngineLimits, parse_generation_requests
+from bls.engine.responses import TritonRequestStream
+from bls.engine.scheduler import Engine, EngineSettings, EngineShutDown, HFModelRunner, build_engine
+from bls.engine.stopping import FINISH_CANCELLED, FINISH_END_ID, FINISH_LENGTH, FINISH_STOP_WORDS
+from bls.engine.synthetic import TEXT_CYCLE, SyntheticRunner
+
+VOCAB = 256
+LIMITS = EngineLimits(VOCAB, max_seq_len=128, max_draft_len=4)
+PROMPTS = ([5, 17, 42, 99, 3, 250], [7, 7, 8, 100, 31])
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=128,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture
+def engine(model):
+    engine = Engine(HFModelRunner(model), LIMITS, max_active=4)
+    yield engine
+    engine.shutdown()
+
+
+def greedy(model, prompt, n, eos=None):
+    output = model.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    return output[0, len(prompt) :].tolist()
+
+
+def make_request(prompt, output_len, request_id="r", limits=LIMITS, exclude_input=True, **extra):
+    inputs = {
+        "input_ids": np.array([prompt], np.int32),
+        "input_lengths": np.array([len(prompt)], np.int32),
+        "request_output_len": np.array([output_len], np.int32),
+        **extra,
+    }
+    (request,) = parse_generation_requests(inputs, request_id, limits, exclude_input)
+    return request
+
+
+class Collector:
+    """Events of one sequence, in order, with a wait for the final one."""
+
+    def __init__(self, on_each=None):
+        self.events = []
+        self.done = threading.Event()
+        self._on_each = on_each
+
+    def __call__(self, event):
+        self.events.append(event)
+        if event.finished:
+            self.done.set()
+        if self._on_each:
+            self._on_each(self, event)
+
+    def wait(self):
+        assert self.done.wait(30), "no final event"
+        assert sum(e.finished for e in self.events) == 1 and self.events[-1].finished
+        return self
+
+    @property
+    def tokens(self):
+        return [t for e in self.events for t in e.token_ids]
+
+    @property
+    def final(self):
+        return self.events[-1]
+
+
+def test_greedy_output_equals_model_generate_for_concurrent_requests(model, engine):
+    collectors = [Collector() for _ in PROMPTS]
+    order = []
+    for index, (prompt, collector) in enumerate(zip(PROMPTS, collectors)):
+        engine.submit(make_request(prompt, 12, f"r{index}"), lambda e, c=collector, i=index: (order.append(i), c(e)))
+    for prompt, collector in zip(PROMPTS, collectors):
+        collector.wait()
+        assert collector.tokens == greedy(model, prompt, 12)
+        assert collector.final.finish_reason == FINISH_LENGTH
+        assert all(len(e.token_ids) == 1 for e in collector.events)  # streaming granularity: one token per step
+    # In-flight batching: the second sequence starts before the first finishes, then they alternate.
+    last_of_first = len(order) - 1 - order[::-1].index(0)
+    assert order.index(1) < last_of_first
+    assert [0, 1, 0, 1] == order[order.index(1) - 1 : order.index(1) + 3]
+
+
+def test_end_id_stops_without_the_end_token(model, engine):
+    expected = greedy(model, PROMPTS[0], 12)
+    end_id = expected[5]
+    first = expected.index(end_id)
+    collector = Collector()
+    engine.submit(make_request(PROMPTS[0], 12, end_id=np.array([end_id], np.int32)), collector)
+    collector.wait()
+    assert collector.tokens == expected[:first]
+    assert collector.final.finish_reason == FINISH_END_ID
+    assert greedy(model, PROMPTS[0], 12, eos=end_id) == expected[: first + 1]  # generate keeps the eos
+
+
+def test_stop_words_stay_in_the_output(model, engine):
+    expected = greedy(model, PROMPTS[0], 12)
+    stop = np.array([[[expected[3], expected[4]], [2, -1]]], np.int32)
+    collector = Collector()
+    engine.submit(make_request(PROMPTS[0], 12, stop_words_list=stop), collector)
+    collector.wait()
+    assert collector.tokens == expected[:5]
+    assert collector.final.finish_reason == FINISH_STOP_WORDS
+
+
+def test_requests_beyond_max_active_wait_in_the_queue(model):
+    engine = Engine(HFModelRunner(model), LIMITS, max_active=1)
+    try:
+        order = []
+        collectors = [Collector(on_each=lambda c, e, i=i: order.append((i, e.finished))) for i in range(3)]
+        for i, collector in enumerate(collectors):
+            engine.submit(make_request(PROMPTS[i % 2], 3, f"q{i}"), collector)
+        for i, collector in enumerate(collectors):
+            assert collector.wait().tokens == greedy(model, PROMPTS[i % 2], 3)
+        # One active sequence at a time: each starts only after the previous one's final event.
+        assert order == [(i, step == 2) for i in range(3) for step in range(3)]
+    finally:
+        engine.shutdown()
+
+
+def test_cancel_by_request_id_ends_running_and_queued_sequences():
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=1)
+    try:
+        def cancel_after_three(collector, event):
+            if len(collector.events) == 3:
+                engine.cancel("victim")
+
+        running = Collector(on_each=cancel_after_three)
+        queued = Collector()
+        other = Collector()
+        engine.submit(make_request([1, 2], 1000, "victim", limits=engine.limits), running)
+        engine.submit(make_request([1, 2], 1000, "victim", limits=engine.limits), queued)
+        engine.submit(make_request([1, 2], 5, "other", limits=engine.limits), other)
+        running.wait(), queued.wait(), other.wait()
+        assert len(running.tokens) == 3 and running.final.finish_reason == FINISH_CANCELLED
+        assert queued.tokens == [] and queued.final.finish_reason == FINISH_CANCELLED
+        assert len(other.tokens) == 5 and other.final.finish_reason == FINISH_LENGTH
+        assert engine.cancel("nobody") == 0
+    finally:
+        engine.shutdown()
+
+
+class CountingRunner(HFModelRunner):
+    """The real model, counting forwards and failing on a poisoned prompt token."""
+
+    POISON = 13
+
+    def __init__(self, model):
+        super().__init__(model)
+        self.forwards = 0
+
+    def forward(self, cache, token_ids, past_length, num_logits):
+        if past_length == 0 and self.POISON in token_ids:
+            raise RuntimeError("poisoned prompt")
+        self.forwards += 1
+        return super().forward(cache, token_ids, past_length, num_logits)
+
+
+def test_client_disconnect_stops_work_at_once(model):
+    runner = CountingRunner(model)
+    engine = Engine(runner, LIMITS)
+    try:
+        disconnected = threading.Event()
+        collector = Collector(on_each=lambda c, e: len(c.events) == 2 and disconnected.set())
+        engine.submit(make_request(PROMPTS[0], 50), collector, is_cancelled=disconnected.is_set)
+        collector.wait()
+        assert len(collector.tokens) == 2 and collector.final.finish_reason == FINISH_CANCELLED
+        assert runner.forwards == 2  # no step after the disconnect was seen
+    finally:
+        engine.shutdown()
+
+
+def test_a_failing_request_does_not_hurt_the_others(model):
+    engine = Engine(CountingRunner(model), LIMITS)
+    try:
+        bad, good = Collector(), Collector()
+        engine.submit(make_request([1, CountingRunner.POISON, 2], 5, "bad"), bad)
+        engine.submit(make_request(PROMPTS[1], 5, "good"), good)
+        assert isinstance(bad.wait().final.error, RuntimeError)
+        assert good.wait().tokens == greedy(model, PROMPTS[1], 5)
+
+        def explode(collector, event):
+            raise ValueError("client callback bug")
+
+        broken = Collector(on_each=explode)
+        engine.submit(make_request(PROMPTS[0], 50, "broken"), broken)
+        assert broken.wait().final.finish_reason == FINISH_CANCELLED  # the failing callback cancels only its own
+        after = Collector()
+        engine.submit(make_request(PROMPTS[0], 3, "after"), after)
+        assert after.wait().tokens == greedy(model, PROMPTS[0], 3)
+    finally:
+        engine.shutdown()
+
+
+def test_shutdown_ends_unfinished_requests_with_an_error():
+    slow = SyntheticRunner()
+    original = slow.forward
+    slow.forward = lambda *args: (time.sleep(0.01), original(*args))[1]
+    engine = Engine(slow, EngineLimits(128256, 4096), max_active=1)
+    running, queued = Collector(), Collector()
+    engine.submit(make_request([1], 4000, "a", limits=engine.limits), running)
+    engine.submit(make_request([1], 4000, "b", limits=engine.limits), queued)
+    time.sleep(0.05)
+    engine.shutdown()
+    assert isinstance(running.wait().final.error, EngineShutDown)
+    assert isinstance(queued.wait().final.error, EngineShutDown)
+    with pytest.raises(EngineShutDown):
+        engine.submit(make_request([1], 4, "c", limits=engine.limits), Collector())
+
+
+def test_log_probs_and_logits_match_the_model(model, engine):
+    prompt = PROMPTS[0]
+    collector = Collector()
+    engine.submit(
+        make_request(
+            prompt, 4, return_log_probs=np.array([True]), return_context_logits=np.array([True]),
+            return_generation_logits=np.array([True]),
+        ),
+        collector,
+    )
+    collector.wait()
+    tokens = collector.tokens
+    with torch.no_grad():
+        full = model(torch.tensor([prompt + tokens])).logits[0]
+    context = collector.events[0].context_logits
+    assert context.shape == (len(prompt), VOCAB)
+    np.testing.assert_allclose(context, full[: len(prompt)].numpy(), atol=1e-4)
+    generation = np.concatenate([e.generation_logits for e in collector.events])
+    np.testing.assert_allclose(generation, full[len(prompt) - 1 : -1].numpy(), atol=1e-4)
+    log_probs = [p for e in collector.events for p in e.log_probs]
+    expected = torch.log_softmax(full[len(prompt) - 1 : -1], -1)[torch.arange(4), torch.tensor(tokens)]
+    np.testing.assert_allclose(log_probs, expected.numpy(), atol=1e-4)
+
+
+def test_seeded_sampling_is_reproducible(engine):
+    def sample(seed):
+        collector = Collector()
+        extra = dict(runtime_top_k=np.array([20], np.int32), temperature=np.array([1.5], np.float32),
+                     random_seed=np.array([seed], np.uint64))
+        engine.submit(make_request(PROMPTS[0], 10, **extra), collector)
+        return collector.wait().tokens
+
+    assert sample(7) == sample(7)
+    assert len({tuple(sample(seed)) for seed in range(4)}) > 1
+
+
+# ---- responses: events -> tensors, as the tensorrtllm backend shapes them ------------------------
+
+
+class FakeSender:
+    def __init__(self):
+        self.responses = []  # (outputs, final)
+        self.error = None
+        self.closed = threading.Event()
+
+    def send(self, outputs, final=False):
+        assert not self.closed.is_set()
+        self.responses.append((outputs, final))
+        if final:
+            self.closed.set()
+
+    def send_error(self, error):
+        self.error = error
+        self.closed.set()
+
+    def finish(self):
+        self.responses.append((None, True))
+        self.closed.set()
+
+    def is_cancelled(self):
+        return self.closed.is_set()
+
+
+def serve(engine, inputs, exclude_input=False):
+    requests = parse_generation_requests(inputs, "t", engine.limits, exclude_input)
+    sender = FakeSender()
+    stream = TritonRequestStream(requests, sender, engine.limits.vocab_size)
+    for request in requests:
+        engine.submit(request, stream.on_event, sender.is_cancelled)
+    assert sender.closed.wait(30)
+    return sender
+
+
+def inputs_for(prompts, output_len, **extra):
+    width = max(map(len, prompts))
+    return {
+        "input_ids": np.array([p + [0] * (width - len(p)) for p in prompts], np.int32),
+        "input_lengths": np.array([len(p) for p in prompts], np.int32),
+        "request_output_len": np.full(len(prompts), output_len, np.int32),
+        **extra,
+    }
+
+
+def test_non_streaming_response_holds_prompt_and_output(model, engine):
+    prompt = PROMPTS[0]
+    sender = serve(engine, inputs_for([prompt], 5, return_log_probs=np.array([True])))
+    (outputs, final), = sender.responses
+    assert final
+    expected = prompt + greedy(model, prompt, 5)
+    assert outputs["output_ids"].dtype == np.int32 and outputs["output_ids"].tolist() == [[expected]]
+    assert outputs["sequence_length"].tolist() == [[len(expected)]]
+    assert outputs["output_log_probs"].shape == (1, 1, 5)
+    assert outputs["cum_log_probs"].shape == (1, 1)
+    assert outputs["cum_log_probs"][0, 0] == pytest.approx(outputs["output_log_probs"].sum(), abs=1e-4)
+    assert "batch_index" not in outputs and "context_logits" not in outputs
+
+
+def test_exclude_input_in_output_and_logits_shapes(model, engine):
+    prompt = PROMPTS[1]
+    sender = serve(
+        engine,
+        inputs_for([prompt], 3, return_context_logits=np.array([True]), return_generation_logits=np.array([True])),
+        exclude_input=True,
+    )
+    (outputs, final), = sender.responses
+    assert outputs["output_ids"].tolist() == [[greedy(model, prompt, 3)]]
+    assert outputs["context_logits"].shape == (1, len(prompt), VOCAB)
+    assert outputs["generation_logits"].shape == (1, 1, 3, VOCAB)
+
+
+def test_streaming_sends_new_tokens_only_and_final_on_the_last(model, engine):
+    prompt = PROMPTS[0]
+    expected = greedy(model, prompt, 4)
+    sender = serve(engine, inputs_for([prompt], 4, streaming=np.array([True])))
+    assert [o["output_ids"].tolist() for o, _ in sender.responses] == [[[[t]]] for t in expected]
+    assert [o["sequence_length"].tolist() for o, _ in sender.responses] == [[[1]]] * 4
+    assert [final for _, final in sender.responses] == [False, False, False, True]
+
+
+def test_streaming_end_id_gives_an_empty_final_chunk(model, engine):
+    prompt = PROMPTS[0]
+    expected = greedy(model, prompt, 8)
+    end_id = expected[2]
+    sender = serve(engine, inputs_for([prompt], 8, streaming=np.array([True]), end_id=np.array([end_id], np.int32)))
+    last, final = sender.responses[-1]
+    assert final and last["output_ids"].shape == (1, 1, 0) and last["sequence_length"].tolist() == [[0]]
+    assert [t for o, _ in sender.responses for t in o["output_ids"].ravel()] == expected[: expected.index(end_id)]
+
+
+def test_batch_rows_answer_separately_with_batch_index(model, engine):
+    sender = serve(engine, inputs_for(list(PROMPTS), 3))
+    assert len(sender.responses) == 2
+    assert [final for _, final in sender.responses] == [False, True]
+    by_row = {int(o["batch_index"][0, 0]): o for o, _ in sender.responses}
+    for row, prompt in enumerate(PROMPTS):
+        assert by_row[row]["output_ids"].tolist() == [[prompt + greedy(model, prompt, 3)]]
+
+
+def test_an_error_ends_the_triton_request_once(model):
+    engine = Engine(CountingRunner(model), LIMITS)
+    try:
+        sender = serve(engine, inputs_for([PROMPTS[0], [1, CountingRunner.POISON]], 20, streaming=np.array([True])))
+        assert isinstance(sender.error, RuntimeError)
+        assert not any(final for _, final in sender.responses)
+    finally:
+        engine.shutdown()
+
+
+# ---- the synthetic runner ---------------------------------------------------------------------
+
+
+def test_synthetic_runner_emits_readable_text(tokenizer_dir):
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096))
+    try:
+        collector = Collector()
+        engine.submit(make_request([128000, 9906], 12, limits=engine.limits), collector)
+        tokens = collector.wait().tokens
+        assert len(tokens) == 12 and set(tokens) <= set(TEXT_CYCLE)
+        text = AutoTokenizer.from_pretrained(str(tokenizer_dir)).decode(tokens)
+        assert "quick brown fox" in text or "lazy dog" in text
+    finally:
+        engine.shutdown()
+
+
+def test_synthetic_per_token_overhead_through_the_scheduler(capsys):
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=8)
+    try:
+        for concurrency in (1, 8):
+            collectors = [Collector() for _ in range(concurrency)]
+            start = time.perf_counter()
+            for i, collector in enumerate(collectors):
+                engine.submit(make_request([128000, 9906], 200, f"b{i}", limits=engine.limits), collector)
+            for collector in collectors:
+                collector.wait()
+            per_token_us = (time.perf_counter() - start) / (200 * concurrency) * 1e6
+            with capsys.disabled():
+                print(f"\nsynthetic runner, {concurrency} concurrent: {per_token_us:.0f} us per token")
+            assert per_token_us < 2000
+    finally:
+        engine.shutdown()
+
+
+def test_build_engine_from_settings():
+    engine = build_engine(EngineSettings(synthetic=True, max_seq_len=1024, max_draft_len=3, max_active_requests=2))
+    try:
+        assert engine.limits == EngineLimits(128256, 1024, 3)
+    finally:
+        engine.shutdown()
+    with pytest.raises(ValueError, match="checkpoint_dir"):
+        build_engine(EngineSettings())
+    with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
+        build_engine(EngineSettings(synthetic=True, max_seq_len=10**6))
