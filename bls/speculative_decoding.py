@@ -29,8 +29,8 @@ _DRAFT_INPUTS = ("end_id", "pad_id", "bad_words_list", "embedding_bias")
 
 
 class ModelCaller(Protocol):
-    def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
-              request_id: str = "") -> Tensors: ...
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterable[Tensors]: ...
 
 
 @dataclass
@@ -125,10 +125,21 @@ class DraftTargetDecoder:
         inputs["request_output_len"] = np.array([[output_len]], dtype=np.int32)
         inputs["streaming"] = np.array([[False]])
         inputs["exclude_input_in_output"] = np.array([[True]])
-        response = self.models.infer(model, inputs, OUTPUTS, request_id)
-        ids = response["output_ids"].reshape(-1, response["output_ids"].shape[-1])[0]
-        length = int(response["sequence_length"].reshape(-1)[0])
-        return ids[: min(length, ids.shape[-1])].tolist()
+        # Engines are decoupled models: even a non-streaming call is read as a stream (of one response).
+        tokens: list[int] = []
+        for response in self.models.stream(model, inputs, OUTPUTS, request_id):
+            tokens += response_tokens(response)
+        return tokens
+
+
+def response_tokens(response: Tensors) -> list[int]:
+    """Token ids of one engine response: output_ids [1, beam, len] (beam 0), cut at sequence_length."""
+    ids = response.get("output_ids")
+    if ids is None or ids.size == 0:
+        return []
+    ids = ids.reshape(-1, ids.shape[-1])[0]
+    length = int(response["sequence_length"].reshape(-1)[0]) if "sequence_length" in response else ids.shape[-1]
+    return ids[: min(length, ids.shape[-1])].tolist()
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

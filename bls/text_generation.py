@@ -22,7 +22,7 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.detokenizer import IncrementalDetokenizer
 from bls.errors import InvalidRequest
-from bls.speculative_decoding import DraftTargetDecoder, SpeculationStats
+from bls.speculative_decoding import DraftTargetDecoder, SpeculationStats, response_tokens
 
 Tensors = dict[str, np.ndarray]
 
@@ -216,7 +216,7 @@ class TextGenerator:
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
         for response in self.models.stream(self.config.engine_model, inputs, self.ENGINE_OUTPUTS, child_id):
-            tokens = _new_tokens(response)
+            tokens = response_tokens(response)
             generated += len(tokens)
             extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in ENGINE_TO_TEXT and k != "batch_index"}
             if not on_tokens(tokens, extra if request.stream else {}):
@@ -226,12 +226,13 @@ class TextGenerator:
 
     def stop_engine(self, model_name: str, child_id: str) -> None:
         """Cancel a child generation: Triton 2.51 does not propagate cancellation to BLS children."""
-        self.models.infer(model_name, {
+        for _ in self.models.stream(model_name, {
             "input_ids": np.zeros((1, 1), np.int32),
             "input_lengths": np.ones((1, 1), np.int32),
             "request_output_len": np.ones((1, 1), np.int32),
             "stop": np.array([[True]]),
-        }, ["output_ids"], child_id)
+        }, ["output_ids"], child_id):
+            pass
 
     # -- final outputs -----------------------------------------------------------------------------------
     def _final_text(self, request: TextRequest, pre: Tensors, row: int, result: RowResult) -> str:
@@ -322,12 +323,3 @@ def _row_engine_inputs(request: TextRequest, pre: Tensors, row: int) -> Tensors:
         inputs[name] = value[row : row + 1] if value.shape[0] == request.batch_size else value
     return inputs
 
-
-def _new_tokens(response: Tensors) -> list[int]:
-    """Token ids of one engine response (output_ids [1, beam, len]; beam 0)."""
-    ids = response.get("output_ids")
-    if ids is None or ids.size == 0:
-        return []
-    ids = ids.reshape(-1, ids.shape[-1])[0]
-    length = int(response["sequence_length"].reshape(-1)[0]) if "sequence_length" in response else ids.shape[-1]
-    return ids[: min(length, ids.shape[-1])].tolist()

@@ -154,8 +154,8 @@ class Metrics:
     """Custom Prometheus metrics, with every pb_utils metric call behind one process-wide lock.
 
     Triton 2.51 crashes (SIGSEGV / boost lock_exception) when metric calls come from several threads at
-    once. Families are created once per name and stay referenced here: a metric whose family was
-    garbage-collected fails.
+    once. Families are created once per name and each metric keeps its family alive: a metric whose
+    family was garbage-collected fails.
     """
 
     _lock = threading.Lock()
@@ -181,12 +181,13 @@ class Metrics:
                 metric = family.Metric(labels=dict(labels))
             else:
                 metric = family.Metric(labels=dict(labels), buckets=buckets)
-            return _Metric(metric, self._lock)
+            return _Metric(metric, family, self._lock)
 
 
 class _Metric:
-    def __init__(self, metric: Any, lock: threading.Lock):
+    def __init__(self, metric: Any, family: Any, lock: threading.Lock):
         self._metric = metric
+        self._family = family  # the family must outlive its metrics
         self._lock = lock
 
     def increment(self, value: float = 1.0) -> None:

@@ -28,7 +28,7 @@ class FakeEngines:
             return END_ID
         return target_next(seq)
 
-    def infer(self, model_name, inputs, outputs, request_id=""):
+    def stream(self, model_name, inputs, outputs, request_id=""):
         seq = inputs["input_ids"].reshape(-1).tolist()
         n = int(inputs["request_output_len"].reshape(-1)[0])
         self.calls.append((model_name, len(seq), n))
@@ -50,8 +50,8 @@ class FakeEngines:
                 out.append(token)
                 if i >= len(draft) or draft[i] != token:
                     break
-        return {"output_ids": np.array([[out]], dtype=np.int32).reshape(1, 1, -1),
-                "sequence_length": np.array([[len(out)]], dtype=np.int32)}
+        yield {"output_ids": np.array([[out]], dtype=np.int32).reshape(1, 1, -1),
+               "sequence_length": np.array([[len(out)]], dtype=np.int32)}
 
 
 def greedy_reference(prompt, max_tokens, end_after=None):

@@ -39,7 +39,7 @@ class TritonPythonModel:
         self._name = args["model_name"]
         self._decoupled = bool(config.get("model_transaction_policy", {}).get("decoupled", False))
         self._exclude_input = parse_bool(params.get("exclude_input_in_output"), False, "exclude_input_in_output")
-        if "torch_threads" in params:
+        if int(params.get("torch_threads", 0)) > 0:  # 0: torch's default (one per core)
             import torch
 
             torch.set_num_threads(int(params["torch_threads"]))
