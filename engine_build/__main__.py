@@ -1,3 +1,9 @@
-from engine_build.cli import main
+import os
 import sys
+
+# Before torch is imported: see engine_build.server.server_environment.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from engine_build.cli import main  # noqa: E402
+
 sys.exit(main())

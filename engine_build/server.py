@@ -65,6 +65,9 @@ def install_stub() -> Path | None:
 
 def server_environment() -> dict[str, str]:
     env = dict(os.environ)
+    # Busy-waiting OpenMP threads of one torch process starve every other process on a small CPU box
+    # (each op ~250x slower while another model computes); passive waiting costs nothing measurable.
+    env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR")

@@ -9,11 +9,12 @@ How the draft is made to agree with the target (random weights alone give ~0% ac
   permutation of the vocabulary), so without decoder layers the model is a bigram chain
   t -> succ(t) with a large logit margin. A random permutation has long cycles, so greedy output
   does not collapse onto one repeated token.
-- The target's decoder layers add context-dependent perturbations to the residual stream. The draft
-  is the target's embeddings, first `DRAFT_LAYERS` layers, final norm and lm_head; the target's
-  later layers are scaled (`LATER_LAYER_GAIN`) so they change the greedy choice only now and then.
-  The draft therefore mostly proposes what the target would pick, and sometimes not, which keeps the
-  rejection path of speculative decoding exercised.
+- The draft is the target's embeddings, first `DRAFT_LAYERS` layer(s), final norm and lm_head. The
+  first layer (shared) mixes in some context through attention (`FIRST_LAYER_GAIN`); the target's
+  last layer adds a larger context-dependent push (`LAST_LAYER_GAIN`) that overturns the bigram
+  choice now and then, the layers in between barely move the residual stream. So the draft mostly
+  proposes what the target picks, and sometimes not, which keeps speculative decoding's rejection
+  path exercised. The gains were tuned by measuring greedy acceptance of 4-token proposals.
 - Sizes are multiples of 128 because AWQ quantizes in groups of 128 input features.
 - Speed: the lm_head GEMV over 128256 rows dominates the draft; the target's 16 layers make it
   several times slower per token, which is what speculative decoding needs to pay off.
@@ -34,9 +35,10 @@ from engine_build.tokenizer_assets import BOS_ID, END_OF_TEXT_ID, EOT_ID, GENERA
 LLAMA3_VOCAB_SIZE = 128256
 LLAMA3_ROPE_THETA = 500000.0
 DRAFT_LAYERS = 1
-# Scale of the target-only layers' output projections (o_proj, down_proj) relative to the
-# draft-shared layers. Chosen by measurement: greedy acceptance of 4-token proposals ~90%.
-LATER_LAYER_GAIN = 1.0
+# Multipliers of the output projections (o_proj, down_proj) of the first and the last layer;
+# measured: greedy acceptance of 4-token proposals ~94% fp32, ~91% AWQ (8 chat prompts).
+LAST_LAYER_GAIN = 44.0
+FIRST_LAYER_GAIN = 5.0
 # Embedding rows have an RMS of 2**u, u uniform in [-EMBED_LOG2_SPREAD, EMBED_LOG2_SPREAD].
 EMBED_LOG2_SPREAD = 2.0
 # HF's default initializer range; the std of every random decoder weight.
@@ -83,14 +85,17 @@ def tiny_llama_config(shape: TinyLlamaShape):
         mlp_bias=False,
         bos_token_id=BOS_ID,
         eos_token_id=[END_OF_TEXT_ID, EOT_ID],
-        torch_dtype="float32",
+        dtype="float32",
     )
 
 
 def tiny_llama_weights(
-    shape: TinyLlamaShape, seed: int, later_layer_gain: float = LATER_LAYER_GAIN
+    shape: TinyLlamaShape,
+    seed: int,
+    first_layer_gain: float = FIRST_LAYER_GAIN,
+    last_layer_gain: float = LAST_LAYER_GAIN,
 ) -> dict[str, torch.Tensor]:
-    """Seeded fp32 HF state dict of the target; layers >= DRAFT_LAYERS get `later_layer_gain`."""
+    """Seeded fp32 HF state dict of the target (the draft's tensors are a subset of it)."""
     gen = torch.Generator().manual_seed(seed)
 
     def normal(*size: int, std: float) -> torch.Tensor:
@@ -103,15 +108,16 @@ def tiny_llama_weights(
     successor = torch.randperm(shape.vocab_size, generator=gen)
     # Row t points at lm_head row succ(t). Its norm varies per token (log-uniform, RMS 1/4 to 4):
     # the decoder layers add vectors of a fixed size, so they overturn the bigram choice of the
-    # small-norm tokens only, and the gain of the later layers sets that fraction smoothly.
-    log_radius = torch.empty(shape.vocab_size, 1).uniform_(-EMBED_LOG2_SPREAD, EMBED_LOG2_SPREAD, generator=gen)
+    # small-norm tokens only, and the last layer's gain sets that fraction.
+    log_radius = torch.empty(shape.vocab_size, 1)
+    log_radius.uniform_(-EMBED_LOG2_SPREAD, EMBED_LOG2_SPREAD, generator=gen)
     weights = {
         "model.embed_tokens.weight": (lm_head[successor] / LM_HEAD_STD * 2.0**log_radius).contiguous(),
         "model.norm.weight": torch.ones(hidden),
         "lm_head.weight": lm_head,
     }
     for layer in range(shape.num_hidden_layers):
-        gain = later_layer_gain if layer == shape.num_hidden_layers - 1 else 1.0
+        gain = {0: first_layer_gain, shape.num_hidden_layers - 1: last_layer_gain}.get(layer, 1.0)
         prefix = f"model.layers.{layer}."
         weights.update(
             {

@@ -8,7 +8,11 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
+
+# Before torch is imported: busy-waiting OpenMP threads starve the server's processes on 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import pytest
 

@@ -1,0 +1,191 @@
+"""HF Llama checkpoint -> TensorRT-LLM W4A16_AWQ checkpoint, with nvidia-modelopt (CPU or CUDA).
+
+This is the same library and the same two calls TensorRT-LLM's own `examples/quantization/quantize.py`
+makes (`mtq.quantize(..., INT4_AWQ_CFG, ...)` then `export_tensorrt_llm_checkpoint`), without needing
+tensorrt_llm or a GPU, so the checkpoint `trtllm-build` consumes can be produced anywhere. The
+config post-edits mirror that script's, plus a hard check on the RoPE fields: a checkpoint without
+`rotary_base` builds an engine with TensorRT-LLM's default base 10000, silently wrong for Llama 3.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+import time
+from pathlib import Path
+
+DEFAULT_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.txt"
+SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
+# TensorRT-LLM's quantize.py caps AWQ calibration at 32 samples; more only costs time.
+MAX_CALIB_SAMPLES = 32
+MAX_CALIB_TOKENS = 512
+CALIB_SEPARATOR = "\n----\n"
+
+
+class QuantizationError(RuntimeError):
+    """The checkpoint or the environment cannot give a correct AWQ checkpoint; the message says why."""
+
+
+def _log(message: str) -> None:
+    print(f"[quantize] {message}", file=sys.stderr, flush=True)
+
+
+def read_calibration_texts(path: Path = DEFAULT_CALIBRATION_FILE) -> list[str]:
+    """The samples of a text file, separated by lines holding only `----`.
+
+    Not blank lines: chat-templated samples contain blank lines after each header.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise QuantizationError(f"calibration file {path} does not exist")
+    samples = [s.strip() for s in path.read_text(encoding="utf-8").split(CALIB_SEPARATOR)]
+    texts = [s for s in samples if s]
+    if not texts:
+        raise QuantizationError(f"calibration file {path} holds no text")
+    return texts
+
+
+def check_hf_checkpoint(hf_dir: Path, group_size: int) -> dict:
+    """The checkpoint's config.json, after checking what AWQ export needs; raises QuantizationError."""
+    import transformers
+
+    major = int(transformers.__version__.split(".")[0])
+    if major >= 5:
+        raise QuantizationError(
+            f"transformers {transformers.__version__} is installed; the TensorRT-LLM checkpoint export needs "
+            "transformers < 5 (4.57.3 matches TensorRT-LLM 1.2.1): under 5.x modelopt cannot see rope_theta "
+            "and the exported config would lack rotary_base"
+        )
+    hf_dir = Path(hf_dir)
+    config_file = hf_dir / "config.json"
+    if not hf_dir.is_dir():
+        raise QuantizationError(f"checkpoint directory {hf_dir} does not exist")
+    if not config_file.is_file():
+        raise QuantizationError(f"{hf_dir} has no config.json: not a Hugging Face checkpoint")
+    config = json.loads(config_file.read_text())
+    architectures = config.get("architectures") or []
+    if architectures != [SUPPORTED_ARCHITECTURE]:
+        raise QuantizationError(
+            f"unsupported architecture {architectures} in {config_file}; only {SUPPORTED_ARCHITECTURE} is supported"
+        )
+    if "rope_theta" not in config:
+        raise QuantizationError(f"{config_file} has no rope_theta; the engine's RoPE base would be guessed")
+    hidden = config["hidden_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    in_features = {
+        "hidden_size (in-features of q/k/v, gate/up)": hidden,
+        "num_attention_heads * head_dim (in-features of o_proj)": config["num_attention_heads"] * head_dim,
+        "intermediate_size (in-features of down_proj)": config["intermediate_size"],
+    }
+    for name, size in in_features.items():
+        if size % group_size:
+            raise QuantizationError(f"{name} = {size} is not divisible by the AWQ group size {group_size}")
+    return config
+
+
+def calibration_batches(tokenizer, texts: list[str], max_tokens: int = MAX_CALIB_TOKENS) -> list:
+    """Token-id tensors (batch 1) of the first MAX_CALIB_SAMPLES texts, BOS included."""
+    batches = []
+    for text in texts[:MAX_CALIB_SAMPLES]:
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens)["input_ids"]
+        batches.append(ids)
+    return batches
+
+
+def awq_calibrated_model(
+    hf_dir: Path, calib_texts: list[str], group_size: int, device: str
+):
+    """The HF model with modelopt's fake-quant AWQ int4 weights (the state the export packs)."""
+    import modelopt.torch.quantization as mtq
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoTokenizer, LlamaForCausalLM
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+    except (OSError, ValueError) as exc:
+        raise QuantizationError(f"cannot load the tokenizer of {hf_dir}: {exc}") from exc
+    model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").to(device).eval()
+    batches = [ids.to(device) for ids in calibration_batches(tokenizer, calib_texts)]
+
+    def forward_loop(m) -> None:
+        with torch.no_grad():
+            for ids in tqdm(batches, desc="[quantize] AWQ calibration", file=sys.stderr):
+                m(ids, logits_to_keep=1)  # lm_head is not quantized: skip 128k-wide logits
+
+    config = copy.deepcopy(mtq.INT4_AWQ_CFG)
+    config["quant_cfg"]["*weight_quantizer"]["block_sizes"][-1] = group_size
+    _log(f"AWQ int4 (group {group_size}) on {device}: {len(batches)} calibration samples, "
+         f"{sum(b.shape[1] for b in batches)} tokens")
+    start = time.perf_counter()
+    model = mtq.quantize(model, config, forward_loop)
+    _log(f"calibrated in {time.perf_counter() - start:.1f} s")
+    return model
+
+
+def export_trtllm_checkpoint(
+    model, hf_config: dict, out_dir: Path, *, tp_size: int, pp_size: int, dtype: str
+) -> Path:
+    """Write config.json + rank*.safetensors and apply TensorRT-LLM's config post-edits."""
+    import torch
+    from modelopt.torch.export import export_tensorrt_llm_checkpoint
+
+    out_dir = Path(out_dir)
+    start = time.perf_counter()
+    export_tensorrt_llm_checkpoint(
+        model,
+        decoder_type="llama",
+        dtype=getattr(torch, dtype),
+        export_dir=out_dir,
+        inference_tensor_parallel=tp_size,
+        inference_pipeline_parallel=pp_size,
+    )
+    config_file = out_dir / "config.json"
+    config = json.loads(config_file.read_text())
+    config["model_type"] = "llama"
+    config["architecture"] = SUPPORTED_ARCHITECTURE
+    _carry_rope_fields(config, hf_config)
+    config_file.write_text(json.dumps(config, indent=4) + "\n")
+    _log(f"exported {out_dir} in {time.perf_counter() - start:.1f} s")
+    return out_dir
+
+
+def _carry_rope_fields(config: dict, hf_config: dict) -> None:
+    """rotary_base == rope_theta and rotary_scaling == rope_scaling, or an error if they disagree."""
+    rope_theta = float(hf_config["rope_theta"])
+    if config.setdefault("rotary_base", rope_theta) != rope_theta:
+        raise QuantizationError(
+            f"exported rotary_base {config['rotary_base']} differs from the checkpoint's rope_theta {rope_theta}"
+        )
+    rope_scaling = hf_config.get("rope_scaling")
+    if rope_scaling is not None and config.setdefault("rotary_scaling", rope_scaling) != rope_scaling:
+        raise QuantizationError(
+            f"exported rotary_scaling {config['rotary_scaling']} differs from the checkpoint's rope_scaling {rope_scaling}"
+        )
+
+
+def quantize_awq(
+    hf_dir: Path,
+    out_dir: Path,
+    *,
+    calib_texts: list[str] | None = None,
+    group_size: int = 128,
+    tp_size: int = 1,
+    pp_size: int = 1,
+    device: str | None = None,
+    dtype: str = "float16",
+) -> Path:
+    """Quantize an HF LlamaForCausalLM dir to a TensorRT-LLM W4A16_AWQ checkpoint in out_dir.
+
+    calib_texts defaults to engine_build/data/calibration.txt; device to CUDA when available.
+    dtype is the type of the unquantized tensors (embeddings, norms, lm_head) in the checkpoint.
+    """
+    import torch
+
+    hf_dir = Path(hf_dir)
+    hf_config = check_hf_checkpoint(hf_dir, group_size)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    texts = calib_texts if calib_texts is not None else read_calibration_texts()
+    model = awq_calibrated_model(hf_dir, texts, group_size, device)
+    return export_trtllm_checkpoint(model, hf_config, out_dir, tp_size=tp_size, pp_size=pp_size, dtype=dtype)
