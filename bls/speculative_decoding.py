@@ -1,15 +1,15 @@
 """Draft-target speculative decoding driven from the BLS (TensorRT-LLM's `draft_tokens_external` mode).
 
 Each round: the draft model proposes k tokens for the current sequence; the target model verifies them
-through `draft_input_ids` in one forward pass and returns the longest prefix it agrees with plus one
-token of its own. With greedy sampling the output is therefore the target's own greedy output.
+through `draft_input_ids` in one forward pass, keeps the longest prefix it agrees with plus one token of
+its own, and (like any request) goes on generating until it has `request_output_len` = k+1 tokens. With
+greedy sampling the output is therefore the target's own greedy output.
 
 Cost of a round: the draft runs k decode steps and the target one forward over k+1 tokens. Both are new
 engine requests carrying the whole sequence (4 bytes a token); the engines reuse the KV cache of the
 previous round's sequence (TensorRT-LLM: enable_kv_cache_reuse; the embedded engine: its prefix cache),
 so neither re-runs the prompt. The end of generation is detected without an extra round: the target
-returns fewer tokens than it was offered, all equal to the draft, only when it stopped (end_id or a stop
-word inside the accepted run); a partial acceptance always ends in a token that differs from the draft.
+returns fewer than the k+1 tokens it was asked for only when it stopped (end_id or a stop word).
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ class DraftTargetDecoder:
             stats.rounds += 1
             stats.draft_tokens += len(draft)
             stats.accepted_tokens += _common_prefix(draft, new)
-            engine_stopped = len(new) <= len(draft) and new == draft[: len(new)]
+            engine_stopped = len(new) < len(draft) + 1
             new, hit_stop_word = truncate_at_stop_word(generated, new, stop_words)
             generated += new
             sequence += new

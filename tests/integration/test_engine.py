@@ -121,13 +121,25 @@ def test_log_probs_and_logits_shapes(endpoint, prompt, bundle):
     assert response["generation_logits"].shape[-2:] == (3, bundle.vocab_size)
 
 
+def _metric(endpoint, name: str) -> float:
+    for line in endpoint.metrics_text().splitlines():
+        if line.startswith(name + "{") and f'model="{ENGINE}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} metric not found")
+
+
 def test_draft_tokens_are_verified(endpoint, prompt, reference_model):
-    """External draft tokens: the longest agreeing prefix plus one token of the engine's own."""
+    """External draft tokens: the agreeing prefix is accepted, the output is still the engine's own."""
     expected = transformers_greedy(reference_model, prompt, 8)
     draft = expected[:3] + [(expected[3] + 1) % 1000]  # three right, then a wrong guess
+    accepted_before = _metric(endpoint, "embedded_engine_accepted_draft_tokens_total")
     result = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(
         prompt, 5, draft_input_ids=np.array([draft], dtype=np.int32), exclude_input_in_output=True), OUTPUTS)
-    assert streamed_tokens(result) == expected[:4]
+    assert streamed_tokens(result) == expected[:5]
+    deadline = time.monotonic() + 5
+    while _metric(endpoint, "embedded_engine_accepted_draft_tokens_total") != accepted_before + 3:
+        assert time.monotonic() < deadline, "accepted-draft counter did not count the 3 matching tokens"
+        time.sleep(0.1)
 
 
 def test_concurrent_streams_progress_together(endpoint, prompt):
@@ -150,10 +162,7 @@ def test_concurrent_streams_progress_together(endpoint, prompt):
 
 
 def _active_sequences(endpoint) -> float:
-    for line in endpoint.metrics_text().splitlines():
-        if line.startswith("embedded_engine_active_sequences{") and f'model="{ENGINE}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError("embedded_engine_active_sequences metric not found")
+    return _metric(endpoint, "embedded_engine_active_sequences")
 
 
 def _wait_idle(endpoint, timeout=10.0) -> bool:

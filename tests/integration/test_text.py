@@ -81,7 +81,8 @@ def test_exactly_one_bos(endpoint):
 
 
 def test_stop_and_bad_words_format(endpoint, bundle):
-    result = preprocess(endpoint, QUERY=strings("hi"), STOP_WORDS_DICT=strings("Hello world", "!"),
+    result = preprocess(endpoint, QUERY=strings("hi"),
+                        STOP_WORDS_DICT=np.array([[b"Hello world", b"!"]], dtype=object),  # one row, two words
                         BAD_WORDS_DICT=strings("foo"))
     stop = result["STOP_WORDS_IDS"]
     assert stop.shape[:2] == (1, 2) and stop.dtype == np.int32

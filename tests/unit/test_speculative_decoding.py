@@ -1,8 +1,9 @@
 """The BLS's draft-target loop, against a deterministic in-process stand-in for the two engines.
 
-The stand-in follows TensorRT-LLM's draft_tokens_external contract (accept the longest matching prefix
-plus one own token; stop at end_id / stop words; never return end_id); the real engines are exercised by
-the integration tests.
+The stand-in follows TensorRT-LLM's draft_tokens_external contract as far as the BLS can see it: the
+target returns its own greedy tokens up to request_output_len, stops at end_id and never returns it (how
+many draft tokens it accepted is the BLS's own count); the real engines are exercised by the integration
+tests.
 """
 
 import numpy as np
@@ -18,7 +19,7 @@ def target_next(sequence):
 
 
 class FakeEngines:
-    def __init__(self, draft_error_every=3, end_after=None):
+    def __init__(self, draft_error_every=4, end_after=None):
         self.draft_error_every = draft_error_every
         self.end_after = end_after  # emit end_id once the sequence is this long
         self.calls = []
@@ -42,14 +43,12 @@ class FakeEngines:
                     break
                 out.append(token)
         else:
-            draft = inputs["draft_input_ids"].reshape(-1).tolist() if "draft_input_ids" in inputs else []
-            for i in range(len(draft) + 1):
+            # Verification then ordinary generation up to request_output_len, as TensorRT-LLM does.
+            for i in range(n):
                 token = self._next(seq + out)
                 if token == END_ID:
                     break
                 out.append(token)
-                if i >= len(draft) or draft[i] != token:
-                    break
         yield {"output_ids": np.array([[out]], dtype=np.int32).reshape(1, 1, -1),
                "sequence_length": np.array([[len(out)]], dtype=np.int32)}
 
