@@ -19,7 +19,7 @@ def target_next(sequence):
 
 
 class FakeEngines:
-    def __init__(self, draft_error_every=4, end_after=None):
+    def __init__(self, draft_error_every=5, end_after=None):
         self.draft_error_every = draft_error_every
         self.end_after = end_after  # emit end_id once the sequence is this long
         self.calls = []
