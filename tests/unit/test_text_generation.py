@@ -1,0 +1,145 @@
+"""bls.text_generation with the real tokenizer and an in-process stand-in for the child models.
+
+The stand-in preprocesses with the real Preprocessor, "generates" a fixed token script (streamed one token
+per response, like the engine) and postprocesses with the real Postprocessor; the real models are covered
+by the integration tests.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bls.errors import InvalidRequest
+from bls.postprocessing import Postprocessor
+from bls.preprocessing import Preprocessor
+from bls.text_generation import BlsConfig, TextGenerator, TextRequest
+
+# Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
+SCRIPT_TEXT = "Hi é 🙂 世界 done"
+CONFIG = BlsConfig(engine_model="engine", preprocessing_model="pre", postprocessing_model="post",
+                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True)
+
+
+class ScriptedModels:
+    def __init__(self, bundle, script: list[int]):
+        self.pre = Preprocessor(bundle)
+        self.post = Postprocessor(bundle, skip_special_tokens=True)
+        self.script = script
+        self.stops = []
+
+    def infer(self, model_name, inputs, outputs, request_id=""):
+        return self.pre(dict(inputs)) if model_name == "pre" else self.post(dict(inputs))
+
+    def stream(self, model_name, inputs, outputs, request_id=""):
+        if "stop" in inputs:
+            self.stops.append(request_id)
+            return
+        n = int(inputs["request_output_len"].reshape(-1)[0])
+        for token in self.script[:n]:
+            yield {"output_ids": np.array([[[token]]], np.int32), "sequence_length": np.array([[1]], np.int32)}
+
+
+class Sink:
+    def __init__(self, cancel_after: int | None = None):
+        self.responses = []
+        self.final = False
+        self.cancel_after = cancel_after
+
+    def send(self, outputs, final=False):
+        assert not self.final, "nothing may follow the final response"
+        self.responses.append(outputs)
+        self.final = final
+
+    def is_cancelled(self):
+        return self.cancel_after is not None and len(self.responses) >= self.cancel_after
+
+
+def text_of(outputs, row=0) -> str:
+    return outputs["text_output"].reshape(-1)[row].decode()
+
+
+def request(config=CONFIG, **inputs) -> TextRequest:
+    tensors = {"text_input": np.array([[b"Hello"]], dtype=object), "max_tokens": np.array([[50]], np.int32)}
+    tensors.update({k: np.asarray(v) for k, v in inputs.items()})
+    return TextRequest.from_inputs(tensors, config, "req")
+
+
+@pytest.fixture()
+def models(bundle):
+    return ScriptedModels(bundle, bundle.tokenizer.encode(SCRIPT_TEXT, add_special_tokens=False))
+
+
+def test_streamed_deltas_add_up_to_the_final_text(bundle, models):
+    sink = Sink()
+    TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]]), sink)
+    assert sink.final
+    assert "".join(text_of(r) for r in sink.responses) == SCRIPT_TEXT
+    assert all("\ufffd" not in text_of(r) for r in sink.responses)  # no half characters on the wire
+    last = sink.responses[-1]
+    assert last["finish_reason"][0, 0] == b"stop" and last["num_output_tokens"][0, 0] == len(models.script)
+
+    plain = Sink()
+    TextGenerator(CONFIG, models, bundle).generate(request(), plain)
+    assert len(plain.responses) == 1 and text_of(plain.responses[0]) == SCRIPT_TEXT
+
+
+def test_accumulate_tokens_sends_the_whole_text_so_far(bundle, models):
+    config = BlsConfig(**{**CONFIG.__dict__, "accumulate_tokens": True})
+    sink = Sink()
+    TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
+    texts = [text_of(r) for r in sink.responses]
+    assert texts[-1] == SCRIPT_TEXT
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+
+
+def test_prompt_echo_is_part_of_the_stream(bundle, models):
+    sink = Sink()
+    TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]], exclude_input_in_output=[[False]]), sink)
+    assert "".join(text_of(r) for r in sink.responses) == "Hello" + SCRIPT_TEXT
+
+
+def test_length_finish_reason(bundle, models):
+    sink = Sink()
+    TextGenerator(CONFIG, models, bundle).generate(request(max_tokens=[[3]]), sink)
+    assert sink.responses[0]["finish_reason"][0, 0] == b"length"
+
+
+def test_cancelled_client_stops_the_engine(bundle, models):
+    sink = Sink(cancel_after=2)
+    TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]]), sink)
+    assert models.stops, "a stop request must reach the engine"
+    assert sink.responses[-1]["finish_reason"][0, 0] == b"cancelled"
+
+
+def test_batch_rows_carry_their_index(bundle, models):
+    sink = Sink()
+    inputs = {"text_input": np.array([[b"a"], [b"b"]], dtype=object), "max_tokens": np.array([[50], [50]], np.int32),
+              "stream": np.array([[True], [True]])}
+    TextGenerator(CONFIG, models, bundle).generate(TextRequest.from_inputs(inputs, CONFIG, "r"), sink)
+    per_row = {0: "", 1: ""}
+    for response in sink.responses[:-1]:
+        per_row[int(response["batch_index"][0, 0])] += text_of(response)
+    for row in (0, 1):
+        per_row[row] += text_of(sink.responses[-1], row)
+    assert per_row == {0: SCRIPT_TEXT, 1: SCRIPT_TEXT}
+
+
+@pytest.mark.parametrize("inputs, field", [
+    ({"max_tokens": [[0]]}, "max_tokens"),
+    ({"num_draft_tokens": [[2]]}, "num_draft_tokens"),  # no draft model configured
+    ({"num_draft_tokens": [[-1]]}, "num_draft_tokens"),
+    ({"stream": [[True]], "beam_width": [[2]]}, "beam_width"),
+    ({"use_draft_logits": [[True]]}, "use_draft_logits"),
+])
+def test_request_validation(inputs, field):
+    with pytest.raises(InvalidRequest) as error:
+        request(**inputs)
+    assert error.value.field == field
+
+
+def test_draft_length_is_bounded_by_the_engine():
+    config = BlsConfig(**{**CONFIG.__dict__, "draft_model": "draft", "max_draft_len": 4})
+    assert request(config, num_draft_tokens=[[4]]).num_draft_tokens == 4
+    with pytest.raises(InvalidRequest, match="max_draft_len 4"):
+        request(config, num_draft_tokens=[[5]])
