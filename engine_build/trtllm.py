@@ -16,7 +16,9 @@ import sys
 from pathlib import Path
 
 TRTLLM_VERSION = "1.2.1"
-TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:25.12-trtllm-python-py3"
+# Triton's release compatibility matrix: the 26.04-26.07 trtllm-python-py3 containers ship TensorRT-LLM 1.2.1
+# (25.12-26.02 ship 1.1.0, 26.03 ships 1.2.0); 26.07 is the newest of them.
+TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 DRAFT_TOKENS_EXTERNAL = "draft_tokens_external"
 
 

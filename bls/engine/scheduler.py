@@ -8,6 +8,10 @@ Every iteration of the engine thread:
    sequence, otherwise one decode step. So concurrent requests make progress together, one token each per
    iteration. Forward passes are per sequence (own HF DynamicCache), not batched.
 
+KV-cache reuse (bls.engine.prefix_cache): a sequence that ends normally or by cancellation parks its cache;
+a new request whose prompt continues a parked sequence takes it and prefills only the new tokens (skipped
+for requests that want context logits, which need the whole prompt run).
+
 Events go to each sequence's `on_event` callback, always from the engine thread, in order, ending with
 exactly one event with `finished=True` (also on errors, cancellation and shutdown). A failure in one
 sequence (model error, callback error) ends only that sequence.
@@ -24,6 +28,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
+from bls.engine.prefix_cache import PrefixCache, PrefixCacheLimits
 from bls.engine.request import EngineLimits, GenerationRequest
 from bls.engine.sampling import TokenSampler
 from bls.engine.speculative import accept_tokens
@@ -109,17 +114,25 @@ class _Sequence:
     stop: StopCriteria
     sampler: TokenSampler | None = None
     cache: Any = None  # None until the prefill ran
+    cached: int = 0  # leading `tokens` whose KV `cache` holds (it may hold more: rejected draft tokens)
     cancel_requested: bool = False
     done: bool = False
 
 
 class Engine:
-    def __init__(self, runner: ModelRunner, limits: EngineLimits, max_active: int = 8):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        limits: EngineLimits,
+        max_active: int = 8,
+        reuse: PrefixCacheLimits | None = PrefixCacheLimits(),  # None: no KV-cache reuse across requests
+    ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
         self.limits = limits
         self._runner = runner
         self._max_active = max_active
+        self._prefix_cache = PrefixCache(reuse) if reuse else None
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
         self._active: list[_Sequence] = []
@@ -191,6 +204,8 @@ class Engine:
         for sequence in remaining:
             self._finish(sequence, EngineEvent(sequence.request, finished=True, error=EngineShutDown(
                 "the engine shut down before the request finished")))
+        if self._prefix_cache:
+            self._prefix_cache.clear()
 
     @staticmethod
     def _cancelled(sequence: _Sequence) -> bool:
@@ -223,19 +238,22 @@ class Engine:
                 request.sampling, runner.vocab_size, request.prompt, request.end_id, request.stop_words,
                 want_log_probs=request.return_log_probs,
             )
-            sequence.cache = runner.new_cache()
+            reused = self._take_cache(sequence)
             draft = request.draft_tokens
-            feed = [*sequence.tokens, *draft]
+            feed = [*sequence.tokens[reused:], *draft]
             num_logits = len(feed) if request.return_context_logits else len(draft) + 1
-            logits = runner.forward(sequence.cache, feed, 0, num_logits)
+            logits = runner.forward(sequence.cache, feed, reused, num_logits)
         else:
             draft = ()
             logits = runner.forward(sequence.cache, sequence.tokens[-1:], len(sequence.tokens) - 1, 1)
+            sequence.cached = len(sequence.tokens)  # before this step appends
         context_logits = None
         if prefill and request.return_context_logits:
             context_logits = logits[:prompt_len].numpy()
             logits = logits[prompt_len - 1 :]
         step = accept_tokens(logits, draft, sequence.sampler, sequence.tokens, prompt_len, sequence.stop)
+        if prefill:  # the cache holds the prompt and the draft; the tokens go on with the accepted drafts only
+            sequence.cached = prompt_len + step.accepted_drafts
         if draft and step.finish_reason is None and step.accepted_drafts < len(draft):
             runner.crop(sequence.cache, len(sequence.tokens) - 1)  # the last token is fed next step
         return EngineEvent(
@@ -249,12 +267,28 @@ class Engine:
             finish_reason=step.finish_reason,
         )
 
+    def _take_cache(self, sequence: _Sequence) -> int:
+        """Give a new sequence a cache: a parked one holding a prefix of its prompt if there is one, else an
+        empty one. Returns how many prompt tokens the cache already holds."""
+        hit = None
+        if self._prefix_cache and not sequence.request.return_context_logits:
+            hit = self._prefix_cache.take(sequence.tokens)
+        if hit is None:
+            sequence.cache = self._runner.new_cache()
+            return 0
+        self._runner.crop(hit.cache, hit.length)
+        sequence.cache = hit.cache
+        return hit.length
+
     def _finish_cancelled(self, sequence: _Sequence) -> None:
         self._finish(sequence, EngineEvent(sequence.request, finished=True, finish_reason=FINISH_CANCELLED))
 
     def _finish(self, sequence: _Sequence, event: EngineEvent) -> None:
         sequence.done = True
-        sequence.cache = None  # frees the KV cache now, not when the bookkeeping drops the sequence
+        # An error may have left the cache half-extended: only a cache known to be consistent is parked.
+        if self._prefix_cache and sequence.cache is not None and event.error is None and sequence.cached:
+            self._prefix_cache.put(sequence.tokens[: sequence.cached], sequence.cache)
+        sequence.cache = None  # frees (or parks) the KV cache now, not when the bookkeeping drops the sequence
         sequence.sampler = None
         self._emit(sequence, event)
 

@@ -1,0 +1,1 @@
+"""Developer tools: `make bench` (tools.bench) and `make soak` (tools.soak)."""

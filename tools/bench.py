@@ -1,0 +1,125 @@
+"""`make bench`: the benchmark tables, target and measured side by side.
+
+    python -m tools.bench --repo build/model_repository [--only SECTION ...] [--quick]
+
+Sections (each runnable alone with --only):
+  pipeline     preprocessing throughput, latency the ensemble adds, ensemble streaming (synthetic engine)
+  detokenizer  per-token cost of incremental detokenization vs re-decoding everything (no server)
+  bls          tensorrt_llm_bls streaming: tok/s, first token, flat per-token time (synthetic engine)
+  speculative  draft-target speculative decoding on the real default repository
+  awq          AWQ int4 target vs the unquantised model: greedy agreement and logit error (no server)
+
+Tables go to stdout; the same rows go to <out>/results.json (a run of some sections updates only those).
+Speed goals are measured here and never asserted in tests. --quick shortens every section for development:
+its numbers are noisier and not the ones to report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+# Before torch is imported (sections load it in-process): busy-waiting OpenMP threads would take the
+# cores from the server being measured.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+from tools import bench_awq, bench_bls, bench_detokenizer, bench_pipeline, bench_speculative  # noqa: E402
+from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Section:
+    name: str
+    title: str
+    run: Callable[[BenchContext], list[Row]]
+
+
+SECTIONS = (
+    Section("pipeline", "1. preprocessing and ensemble (synthetic engine)", bench_pipeline.run),
+    Section("detokenizer", "2. detokenizer: per-token cost vs output length", bench_detokenizer.run),
+    Section("bls", "3. tensorrt_llm_bls streaming (synthetic engine)", bench_bls.run),
+    Section("speculative", "4. speculative decoding (real default repository)", bench_speculative.run),
+    Section("awq", "5. AWQ int4 quality vs the unquantised model", bench_awq.run),
+)
+
+
+def format_table(title: str, rows: list[Row], seconds: float) -> str:
+    header = ("metric", "target", "measured", "unit", "status")
+    cells = [header] + [
+        (row.metric, str(row.target) if row.target else "-", format_value(row.measured), row.unit, row.status)
+        for row in rows
+    ]
+    widths = [max(len(line[i]) for line in cells) for i in range(len(header))]
+
+    def line(values) -> str:
+        return "  ".join(value.rjust(width) if i in (1, 2) else value.ljust(width)
+                         for i, (value, width) in enumerate(zip(values, widths))).rstrip()
+
+    out = [f"== {title} ({seconds:.0f} s) ==", line(header), line("-" * w for w in widths)]
+    out += [line(values) for values in cells[1:]]
+    out += [f"   note: {row.metric}: {row.note}" for row in rows if row.note]
+    return "\n".join(out)
+
+
+def write_results(path: Path, results: dict, quick: bool) -> None:
+    """Merge into an existing results file, so that `--only` runs refresh their sections only."""
+    existing = json.loads(path.read_text()) if path.is_file() else {}
+    sections = existing.get("sections", {})
+    sections.update(results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version()},
+        "sections": sections,
+    }, indent=2) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repo", type=Path, default=Path("build/model_repository"), help="the default repository")
+    parser.add_argument("--only", action="append", choices=[s.name for s in SECTIONS], help="run only this section")
+    parser.add_argument("--quick", action="store_true", help="short runs for development (noisy numbers)")
+    parser.add_argument("--out", type=Path, default=Path("build/bench"), help="variants, server logs, results.json")
+    args = parser.parse_args(argv)
+    if not (args.repo / "ensemble").is_dir():
+        raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
+
+    ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick)
+    results: dict[str, dict] = {}
+    failed = []
+    try:
+        for section in SECTIONS:
+            if args.only and section.name not in args.only:
+                continue
+            began = time.monotonic()
+            try:
+                rows = section.run(ctx)
+            except Exception:  # noqa: BLE001 - one broken section must not hide the others' numbers
+                failed.append(section.name)
+                print(f"== {section.title}: FAILED ==\n{traceback.format_exc()}", flush=True)
+                continue
+            seconds = time.monotonic() - began
+            print(format_table(section.title, rows, seconds) + "\n", flush=True)
+            results[section.name] = {"title": section.title, "quick": args.quick, "seconds": round(seconds, 1),
+                                     "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                                     "rows": [row.as_dict() for row in rows]}
+    finally:
+        ctx.stop_server()
+        write_results(ctx.work_dir / "results.json", results, args.quick)
+    print(f"results: {ctx.work_dir / 'results.json'}")
+    if failed:
+        print(f"failed sections: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

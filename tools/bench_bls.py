@@ -1,0 +1,79 @@
+"""Section "bls": tensorrt_llm_bls streaming over the synthetic engine (only our Python layers and Triton's).
+
+Concurrent clients stream 256 tokens each: aggregate tok/s and time to first token. A 4,096-token stream
+shows whether the per-token time stays flat as the output grows (client-side gaps between streamed events,
+one token each), with incremental deltas and with accumulate_tokens (a variant repository). Every stream's
+text is checked against the non-streamed text of the same request.
+"""
+
+from __future__ import annotations
+
+from tools.bench_common import (
+    BenchContext, HttpSession, LoadRun, Row, StreamTargets, Target, quarter_means, stream_load, stream_rows,
+)
+
+MODEL = "tensorrt_llm_bls"
+# Different lengths, so that concurrent streams are at different points of the synthetic text.
+PROMPTS = ("Tell me a story.", "Write a poem about the sea, please.", "Résume ce texte 🌊", "def main():")
+STREAM_TOKENS = 256
+LONG_TOKENS = 4096
+# 3x upstream's BLS streaming on this box (830 tok/s at 1 client, 1,240 at 16).
+TARGETS = {
+    1: StreamTargets(Target(">=", 2490)),
+    4: StreamTargets(),
+    16: StreamTargets(Target(">=", 3720), Target("<=", 50)),
+}
+FLAT = Target("<=", 1.1)
+
+
+def body(prompt: str, max_tokens: int, stream: bool) -> dict:
+    return {"text_input": prompt, "max_tokens": max_tokens, "end_id": -1, "stream": stream}
+
+
+def reference_texts(session: HttpSession, max_tokens: int) -> list[str]:
+    return [session.generate(MODEL, body(prompt, max_tokens, False))["text_output"] for prompt in PROMPTS]
+
+
+def texts_match(run: LoadRun, rounds: int, references: list[str]) -> bool:
+    return all(trace.text == references[(j // rounds) % len(PROMPTS)] for j, trace in enumerate(run.results))
+
+
+def long_stream_rows(ctx: BenchContext, label: str, tokens: int, accumulate: bool) -> list[Row]:
+    server = ctx.server(ctx.synthetic_repo(accumulate_tokens=accumulate))
+    session = HttpSession(server.http_url)
+    reference = session.generate(MODEL, body(PROMPTS[0], tokens, False))["text_output"]
+    trace = session.generate_stream(MODEL, body(PROMPTS[0], tokens, True))
+    session.close()
+    events = trace.events
+    # Accumulating: every response carries the whole text so far, the final one included.
+    streamed = events[-1]["text_output"] if accumulate else trace.text
+    gaps_us = [gap * 1e6 for gap in trace.gaps_s[:tokens - 1]]  # token events only, not the final summary
+    first, last = quarter_means(gaps_us)
+    return [
+        Row(f"{label}: first quarter", first, "µs/token"),
+        Row(f"{label}: last quarter", last, "µs/token"),
+        Row(f"{label}: last/first", last / first, "x", None if accumulate else FLAT),
+        Row(f"{label}: streamed text == non-streamed",
+            streamed == reference and events[-1]["num_output_tokens"] == tokens, "", Target("==", True)),
+    ]
+
+
+def run(ctx: BenchContext) -> list[Row]:
+    server = ctx.server(ctx.synthetic_repo())
+    session = HttpSession(server.http_url)
+    references = reference_texts(session, STREAM_TOKENS)
+    session.generate_stream(MODEL, body(PROMPTS[0], STREAM_TOKENS, True))  # warm-up
+    session.close()
+    rounds = 1 if ctx.quick else 3
+    rows = []
+    all_match = True
+    for clients, targets in TARGETS.items():
+        run = stream_load(server.http_url, MODEL, clients, rounds,
+                          lambda i: body(PROMPTS[i % len(PROMPTS)], STREAM_TOKENS, True))
+        rows += stream_rows(f"{clients} client(s), {STREAM_TOKENS} tokens", run, STREAM_TOKENS, targets)
+        all_match &= texts_match(run, rounds, references)
+    rows.append(Row("streamed deltas == non-streamed text, every stream", all_match, "", Target("==", True)))
+    tokens = 1024 if ctx.quick else LONG_TOKENS
+    rows += long_stream_rows(ctx, f"{tokens}-token stream, per-token time", tokens, accumulate=False)
+    rows += long_stream_rows(ctx, f"accumulate_tokens, {tokens}-token stream", tokens, accumulate=True)
+    return rows

@@ -1,0 +1,281 @@
+"""What every benchmark section shares: result rows with targets, variant repositories and their servers,
+a lean HTTP client for timed requests, and small statistics.
+
+The timed client is http.client on one keep-alive connection per thread, and streamed events are only
+timestamped while a stream runs (parsed afterwards): the client shares the box's 2 cores with the server,
+so every microsecond it spends per token is taken from the server being measured.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Literal, Sequence, TypeVar
+
+from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
+from engine_build.server import TritonServer
+
+T = TypeVar("T")
+
+
+# -- results ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Target:
+    op: Literal[">=", "<=", "=="]
+    value: float | bool
+
+    def met(self, measured: float | bool) -> bool:
+        if self.op == ">=":
+            return measured >= self.value
+        if self.op == "<=":
+            return measured <= self.value
+        return measured == self.value
+
+    def __str__(self) -> str:
+        return f"{self.op} {format_value(self.value)}"
+
+
+@dataclass(frozen=True)
+class Row:
+    metric: str
+    measured: float | bool | None  # None: could not be measured (see note)
+    unit: str = ""
+    target: Target | None = None  # None: reported only
+    note: str = ""
+
+    @property
+    def status(self) -> str:
+        if self.measured is None:
+            return "n/a"
+        if self.target is None:
+            return ""
+        return "PASS" if self.target.met(self.measured) else "MISS"
+
+    def as_dict(self) -> dict:
+        return {
+            "metric": self.metric, "measured": self.measured, "unit": self.unit,
+            "target": None if self.target is None else {"op": self.target.op, "value": self.target.value},
+            "status": self.status, "note": self.note,
+        }
+
+
+def format_value(value: float | bool | None) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+# -- statistics ---------------------------------------------------------------------------------------------
+def percentile(values: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile (q in 0..100): a measured value, never an interpolation."""
+    ordered = sorted(values)
+    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
+    return ordered[rank - 1]
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)
+
+
+def quarter_means(values: Sequence[float]) -> tuple[float, float]:
+    """Mean of the first and of the last quarter of a per-token series."""
+    quarter = max(1, len(values) // 4)
+    return statistics.fmean(values[:quarter]), statistics.fmean(values[-quarter:])
+
+
+# -- repositories and servers -------------------------------------------------------------------------------
+@dataclass
+class BenchContext:
+    """One `make bench` run: options, where variants are built, and at most one running server."""
+
+    repo: Path  # the default (real) repository
+    work_dir: Path  # build/bench
+    quick: bool
+    _server: TritonServer | None = None
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(read_manifest(self.repo)["tokenizer_dir"])
+
+    def variant(self, name: str, **overrides) -> Path:
+        """A repository like the default one, with RepositorySettings fields overridden, under work_dir."""
+        manifest = read_manifest(self.repo)
+        fields = {f.name for f in dataclasses.fields(RepositorySettings)}
+        settings = {key: value for key, value in manifest.items() if key in fields}
+        for key in ("tokenizer_dir", "target", "draft"):
+            if settings.get(key) is not None:
+                settings[key] = Path(settings[key])
+        settings.update(overrides)
+        return assemble_repository(self.work_dir / name, RepositorySettings(**settings))
+
+    def synthetic_repo(self, accumulate_tokens: bool = False) -> Path:
+        """The synthetic engine (no model: only our Python layers are measured), long enough for 4,096-token
+        streams; no draft model, so no idle draft process shares the cores."""
+        name = "synthetic-accumulate" if accumulate_tokens else "synthetic"
+        return self.variant(name, synthetic=True, draft=None, max_seq_len=8192, accumulate_tokens=accumulate_tokens)
+
+    def server(self, repo: Path) -> TritonServer:
+        """The server for `repo`, started if needed. Only one runs at a time: an idle one would still hold
+        memory and its start-up would overlap the next section's measurements."""
+        repo = repo.resolve()
+        if self._server is not None and self._server.repo == repo and self._server.is_alive():
+            return self._server
+        self.stop_server()
+        logs = self.work_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        self._server = TritonServer(repo, log_path=logs / f"{repo.name}.log").start()
+        return self._server
+
+    def stop_server(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+
+
+
+# -- lean HTTP client ---------------------------------------------------------------------------------------
+class HttpError(RuntimeError):
+    pass
+
+
+@dataclass
+class StreamTrace:
+    """One generate_stream call: when it was sent, and each SSE data event's arrival time and raw JSON."""
+
+    sent: float
+    arrivals: list[float] = field(default_factory=list)
+    payloads: list[bytes] = field(default_factory=list)
+
+    @property
+    def events(self) -> list[dict]:
+        events = [json.loads(payload) for payload in self.payloads]
+        for event in events:
+            if "error" in event:
+                raise HttpError(f"in-band stream error: {event['error']}")
+        return events
+
+    @property
+    def text(self) -> str:
+        return "".join(event.get("text_output", "") for event in self.events)
+
+    @property
+    def first_event_s(self) -> float:
+        return self.arrivals[0] - self.sent
+
+    @property
+    def duration_s(self) -> float:
+        return self.arrivals[-1] - self.sent
+
+    @property
+    def gaps_s(self) -> list[float]:
+        """Time between consecutive events (the first event's wait is time to first token, not a gap)."""
+        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
+
+
+class HttpSession:
+    """One keep-alive connection (use one per thread)."""
+
+    def __init__(self, http_url: str, timeout_s: float = 300.0):
+        host, _, port = http_url.partition(":")
+        self._connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
+
+    def post_json(self, path: str, body: dict) -> dict:
+        response = self._post(path, body)
+        payload = response.read()
+        if response.status != 200:
+            raise HttpError(f"POST {path}: HTTP {response.status}: {payload[:300]!r}")
+        return json.loads(payload)
+
+    def generate(self, model: str, body: dict) -> dict:
+        return self.post_json(f"/v2/models/{model}/generate", body)
+
+    def generate_stream(self, model: str, body: dict) -> StreamTrace:
+        trace = StreamTrace(sent=time.perf_counter())
+        response = self._post(f"/v2/models/{model}/generate_stream", body)
+        if response.status != 200:
+            raise HttpError(f"generate_stream {model}: HTTP {response.status}: {response.read()[:300]!r}")
+        while line := response.readline():
+            if line.startswith(b"data:"):
+                trace.arrivals.append(time.perf_counter())
+                trace.payloads.append(line[5:])
+        return trace
+
+    def close(self) -> None:
+        self._connection.close()
+
+    def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
+        self._connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
+        return self._connection.getresponse()
+
+
+@dataclass
+class LoadRun:
+    results: list  # every client's results, in order
+    wall_s: float  # from the common start to the last client's end
+
+
+def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]]) -> LoadRun:
+    """`clients` threads, each with its own connection, start together and run `work(session, index)`."""
+    start = threading.Barrier(clients + 1)
+    results: list[list[T] | BaseException] = [[] for _ in range(clients)]
+
+    def client(index: int) -> None:
+        session = HttpSession(http_url)
+        try:
+            start.wait()
+            results[index] = work(session, index)
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
+            results[index] = error
+        finally:
+            session.close()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    start.wait()
+    began = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return LoadRun([item for result in results for item in result], wall)
+
+
+# -- streamed load ------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class StreamTargets:
+    tokens_per_s: Target | None = None
+    first_token_p50_ms: Target | None = None
+
+
+def stream_load(http_url: str, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
+    """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i)).
+    The results are in client order: trace j is client j // rounds's."""
+    return run_clients(http_url, clients,
+                       lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)])
+
+
+def stream_rows(label: str, run: LoadRun, tokens_per_stream: int, targets: StreamTargets) -> list[Row]:
+    """Aggregate streamed tok/s over the run's wall time, and time to the first streamed event."""
+    for trace in run.results:
+        if len(trace.arrivals) < tokens_per_stream:
+            raise RuntimeError(f"{label}: {len(trace.arrivals)} streamed events for {tokens_per_stream} tokens")
+    first = [trace.first_event_s * 1000 for trace in run.results]
+    tokens = tokens_per_stream * len(run.results)
+    return [
+        Row(f"{label}: tok/s", tokens / run.wall_s, "tok/s", targets.tokens_per_s),
+        Row(f"{label}: first token p50", percentile(first, 50), "ms", targets.first_token_p50_ms),
+        Row(f"{label}: first token p99", percentile(first, 99), "ms"),
+    ]
