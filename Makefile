@@ -4,8 +4,18 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
+# In the NGC TensorRT-LLM container (tritonserver on PATH) the system Python already has torch, transformers,
+# modelopt and tensorrt_llm: use it and install only this package. Elsewhere: a venv with every extra.
+SYSTEM_PYTHON ?= $(if $(shell command -v tritonserver),1,)
+ifeq ($(SYSTEM_PYTHON),1)
+PY := $(PYTHON)
+STAMP := build/.installed-system
+INSTALL := $(PY) -m pip install -q --no-deps -e .
+else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test]"
+endif
 
 # What `make repo` builds. ENGINE=embedded (default, CPU) or ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x).
 ENGINE ?= embedded
@@ -33,11 +43,14 @@ help:
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
+ifneq ($(SYSTEM_PYTHON),1)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[server,engine,assets,quantize,test]"
+	@rm -f $(VENV)/.installed-*
+endif
+	$(INSTALL)
 	$(PY) -m engine_build.server install-stub
-	@rm -f $(VENV)/.installed-*; touch $@
+	@mkdir -p $(dir $@); touch $@
 
 repo: setup
 	$(BUILD) repo --engine $(ENGINE) --repo $(REPO) --assets $(ASSETS) \
@@ -48,7 +61,8 @@ serve: repo
 	$(PY) -m engine_build.server serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 	    --metrics-port $(METRICS_PORT) --world-size $$(( $(TP) * $(PP) ))
 
-test: repo
+# With SERVER_URL (a running server, e.g. the NGC container's) the integration tests use it as is.
+test: $(if $(SERVER_URL),setup,repo)
 	$(PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 
 bench: repo

@@ -102,7 +102,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings)
 
-    manifest = {key: (str(v) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
+    manifest = {key: (str(v.resolve()) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
     manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out

@@ -8,6 +8,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -31,10 +32,10 @@ def repo_dir(request) -> Path:
 
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
-    """The real Llama 3 Instruct tokenizer: the repository's copy, else converted fresh (~5 s)."""
-    built = repo_dir / "tokenizer"
-    if (built / "tokenizer.json").is_file():
-        return built
+    """The tokenizer the repository serves; without a built repository, Llama 3's converted fresh (~5 s)."""
+    manifest = repo_dir / "repository.json"
+    if manifest.is_file():
+        return Path(json.loads(manifest.read_text())["tokenizer_dir"])
     from engine_build.tokenizer_assets import write_llama3_tokenizer
 
     return write_llama3_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
@@ -59,6 +60,14 @@ def endpoint(request, repo_dir, tmp_path_factory):
     with TritonServer(repo_dir, log_path=log) as server:
         yield Endpoint(server.http_url, server.grpc_url, server.metrics_url)
         assert server.is_alive(), f"tritonserver died during the tests; see {log}"
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(request, endpoint, repo_dir, tmp_path_factory):
+    """The tokenizer the server under test uses (read from its preprocessing config when given a URL)."""
+    if request.config.getoption("--server-url"):
+        return Path(endpoint.model_parameter("preprocessing", "tokenizer_dir"))
+    return Path(json.loads((repo_dir / "repository.json").read_text())["tokenizer_dir"])
 
 
 def pytest_collection_modifyitems(items):
