@@ -118,7 +118,9 @@ class TokenizerBundle:
     @classmethod
     def from_dir(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":
         tokenizer_dir = Path(tokenizer_dir)
-        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        # fix_mistral_regex=False silences a spurious Mistral-regex warning of transformers 4.57.3 for local
+        # checkpoints it saved; Llama 3's pre-tokenizer pattern is not affected.
+        tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir), fix_mistral_regex=False)
         eos_ids: list[int] = []
         generation_config = tokenizer_dir / "generation_config.json"
         if generation_config.is_file():

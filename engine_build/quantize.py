@@ -103,7 +103,9 @@ def awq_calibrated_model(
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir))
+        # fix_mistral_regex=False: transformers 4.57.3 warns about a Mistral regex bug for any local checkpoint
+        # saved by 4.57.3; Llama 3's pattern is not affected.
+        tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), fix_mistral_regex=False)
     except (OSError, ValueError) as exc:
         raise QuantizationError(f"cannot load the tokenizer of {hf_dir}: {exc}") from exc
     model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").to(device).eval()
