@@ -90,6 +90,16 @@ def _scalar(name, data_type, **kw) -> TensorSpec:
     return TensorSpec(name, data_type, (1,), **kw)
 
 
+# Outputs the engine produces and the ensemble / BLS pass on under the same names.
+_GENERATION_DETAILS = (
+    _t("cum_log_probs", "TYPE_FP32", [-1]),
+    _t("output_log_probs", "TYPE_FP32", [-1, -1]),
+    _t("context_logits", "TYPE_FP32", [-1, -1]),
+    _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
+    _scalar("batch_index", "TYPE_INT32"),
+    _scalar("sequence_index", "TYPE_INT32"),
+)
+
 # ----------------------------------------------------------------------------------------------------
 # tensorrt_llm: the engine. The C++ tensorrtllm backend and our embedded engine share this contract.
 # ----------------------------------------------------------------------------------------------------
@@ -143,12 +153,7 @@ TENSORRT_LLM = ModelContract(
     outputs=(
         _t("output_ids", "TYPE_INT32", [-1, -1]),
         _t("sequence_length", "TYPE_INT32", [-1]),
-        _t("cum_log_probs", "TYPE_FP32", [-1]),
-        _t("output_log_probs", "TYPE_FP32", [-1, -1]),
-        _t("context_logits", "TYPE_FP32", [-1, -1]),
-        _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
-        _scalar("batch_index", "TYPE_INT32"),
-        _scalar("sequence_index", "TYPE_INT32"),
+        *_GENERATION_DETAILS,
         _t("context_phase_params", "TYPE_UINT8", [-1]),
     ),
 )
@@ -251,15 +256,7 @@ _TEXT_API_INPUTS = (
     _t("embedding_bias_weights", "TYPE_FP32", [-1]),
 )
 
-_TEXT_API_OUTPUTS = (
-    _t("text_output", "TYPE_STRING", [-1]),
-    _t("cum_log_probs", "TYPE_FP32", [-1]),
-    _t("output_log_probs", "TYPE_FP32", [-1, -1]),
-    _t("context_logits", "TYPE_FP32", [-1, -1]),
-    _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
-    _scalar("batch_index", "TYPE_INT32"),
-    _scalar("sequence_index", "TYPE_INT32"),
-)
+_TEXT_API_OUTPUTS = (_t("text_output", "TYPE_STRING", [-1]), *_GENERATION_DETAILS)
 
 ENSEMBLE = ModelContract(inputs=_TEXT_API_INPUTS, outputs=_TEXT_API_OUTPUTS)
 
@@ -339,14 +336,7 @@ TEXT_TO_ENGINE = {
     "prompt_vocab_size": "prompt_vocab_size",
 }
 # engine output -> text API output, passed through
-ENGINE_TO_TEXT = {
-    "cum_log_probs": "cum_log_probs",
-    "output_log_probs": "output_log_probs",
-    "context_logits": "context_logits",
-    "generation_logits": "generation_logits",
-    "batch_index": "batch_index",
-    "sequence_index": "sequence_index",
-}
+ENGINE_TO_TEXT = {spec.name: spec.name for spec in _GENERATION_DETAILS}
 
 
 def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:

@@ -11,7 +11,7 @@ import json
 import logging
 import threading
 import traceback
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -71,6 +71,18 @@ def parse_bool(value: str | None, default: bool, name: str) -> bool:
     if lowered in {"false", "0", "no", "n", "f", "off"}:
         return False
     raise ValueError(f"model parameter {name}={value!r} is not a boolean")
+
+
+def respond_to_each(requests: list[Any], contract: ModelContract,
+                    handle: Callable[[Tensors], Mapping[str, np.ndarray]], model_name: str) -> list[Any]:
+    """One response per request for a non-decoupled model; a bad request fails alone, not its batch."""
+    responses = []
+    for request in requests:
+        try:
+            responses.append(make_response(handle(read_inputs(request, contract))))
+        except Exception as error:  # noqa: BLE001 - becomes this request's error response
+            responses.append(error_response(error, model_name))
+    return responses
 
 
 def make_response(outputs: Mapping[str, np.ndarray]) -> Any:

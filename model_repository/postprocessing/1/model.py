@@ -5,7 +5,7 @@ import json
 from bls.contract import POSTPROCESSING
 from bls.postprocessing import Postprocessor
 from bls.tokenization import TokenizerBundle
-from bls.triton_io import error_response, make_response, model_parameters, parse_bool, read_inputs
+from bls.triton_io import model_parameters, parse_bool, respond_to_each
 
 MODEL = "postprocessing"
 
@@ -19,10 +19,4 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        responses = []
-        for request in requests:
-            try:
-                responses.append(make_response(self.postprocess(read_inputs(request, POSTPROCESSING))))
-            except Exception as error:  # noqa: BLE001 - one bad request must not fail the batch
-                responses.append(error_response(error, MODEL))
-        return responses
+        return respond_to_each(requests, POSTPROCESSING, self.postprocess, MODEL)
