@@ -68,9 +68,9 @@ def run(ctx: BenchContext) -> list[Row]:
     rows = []
     all_match = True
     for clients, targets in TARGETS.items():
-        run = stream_load(server.http_url, MODEL, clients, rounds,
-                          lambda i: body(PROMPTS[i % len(PROMPTS)], STREAM_TOKENS, True))
-        rows += stream_rows(f"{clients} client(s), {STREAM_TOKENS} tokens", run, STREAM_TOKENS, targets)
+        run = stream_load(server, MODEL, clients, rounds, lambda i: body(PROMPTS[i % len(PROMPTS)], STREAM_TOKENS, True))
+        rows += stream_rows(f"{clients} client(s), {STREAM_TOKENS} tokens", run, STREAM_TOKENS, targets,
+                            cpu_breakdown=targets.tokens_per_s is not None)
         all_match &= texts_match(run, rounds, references)
     rows.append(Row("streamed deltas == non-streamed text, every stream", all_match, "", Target("==", True)))
     tokens = 1024 if ctx.quick else LONG_TOKENS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import statistics
 import threading
 import time
@@ -222,6 +223,8 @@ class HttpSession:
 class LoadRun:
     results: list  # every client's results, in order
     wall_s: float  # from the common start to the last client's end
+    client_cpu_s: float = 0.0  # CPU time of this (client) process during the run, all threads
+    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see server_cpu_seconds)
 
 
 def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]]) -> LoadRun:
@@ -243,14 +246,38 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
     for thread in threads:
         thread.start()
     start.wait()
-    began = time.perf_counter()
+    began, began_cpu = time.perf_counter(), time.process_time()
     for thread in threads:
         thread.join()
-    wall = time.perf_counter() - began
+    wall, client_cpu = time.perf_counter() - began, time.process_time() - began_cpu
     for result in results:
         if isinstance(result, BaseException):
             raise result
-    return LoadRun([item for result in results for item in result], wall)
+    return LoadRun([item for result in results for item in result], wall, client_cpu)
+
+
+def server_cpu_seconds(server: TritonServer) -> dict[str, float]:
+    """CPU seconds so far of tritonserver and of each Python backend stub (named by its model instance),
+    from /proc: where a run's time goes, without a profiler in the way."""
+    tick = os.sysconf("SC_CLK_TCK")
+    root = server.process.pid
+    seconds = {}
+    for stat_file in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            stat = stat_file.read_text()
+            argv = (stat_file.parent / "cmdline").read_bytes().split(b"\0")
+        except OSError:  # the process ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[1] is the parent pid
+        pid, parent = int(stat_file.parent.name), int(fields[1])
+        if pid == root:
+            name = "tritonserver"
+        elif parent == root and argv[0].endswith(b"triton_python_backend_stub"):
+            name = argv[-3].decode()  # ... <instance name, e.g. tensorrt_llm_bls_0_0> DEFAULT ""
+        else:
+            continue
+        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
+    return seconds
 
 
 # -- streamed load ------------------------------------------------------------------------------------------
@@ -260,22 +287,35 @@ class StreamTargets:
     first_token_p50_ms: Target | None = None
 
 
-def stream_load(http_url: str, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
+def stream_load(server: TritonServer, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
     """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i)).
     The results are in client order: trace j is client j // rounds's."""
-    return run_clients(http_url, clients,
-                       lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)])
+    cpu_before = server_cpu_seconds(server)
+    run = run_clients(server.http_url, clients,
+                      lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)])
+    cpu_after = server_cpu_seconds(server)
+    run.server_cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+    return run
 
 
-def stream_rows(label: str, run: LoadRun, tokens_per_stream: int, targets: StreamTargets) -> list[Row]:
-    """Aggregate streamed tok/s over the run's wall time, and time to the first streamed event."""
+def stream_rows(label: str, run: LoadRun, tokens_per_stream: int, targets: StreamTargets,
+                cpu_breakdown: bool = False) -> list[Row]:
+    """Aggregate streamed tok/s over the run's wall time, and time to the first streamed event; with
+    cpu_breakdown, the CPU time per token of each server process and of the client."""
     for trace in run.results:
         if len(trace.arrivals) < tokens_per_stream:
             raise RuntimeError(f"{label}: {len(trace.arrivals)} streamed events for {tokens_per_stream} tokens")
     first = [trace.first_event_s * 1000 for trace in run.results]
     tokens = tokens_per_stream * len(run.results)
-    return [
+    rows = [
         Row(f"{label}: tok/s", tokens / run.wall_s, "tok/s", targets.tokens_per_s),
         Row(f"{label}: first token p50", percentile(first, 50), "ms", targets.first_token_p50_ms),
         Row(f"{label}: first token p99", percentile(first, 99), "ms"),
     ]
+    if cpu_breakdown:
+        cpu = {**run.server_cpu_s, "client (this process)": run.client_cpu_s}
+        for name, seconds in sorted(cpu.items(), key=lambda item: -item[1]):
+            if seconds > 0:
+                rows.append(Row(f"{label}: CPU per token, {name}", seconds / tokens * 1e6, "µs"))
+        rows.append(Row(f"{label}: CPU busy, all processes above", sum(cpu.values()) / run.wall_s, "cores"))
+    return rows

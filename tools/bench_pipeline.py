@@ -17,8 +17,8 @@ CHAT = json.dumps([{"role": "system", "content": "You are a helpful assistant."}
 PROMPT = "Tell me a story about a brave little toaster."
 ENSEMBLE_TOKENS = 32
 STREAM_TOKENS = 256
-# Upstream's ensemble streaming on this box (bare engine hop ~4,800 tok/s): ours must keep >= half of the
-# engine's rate at 1 client, and ~3/4 of it with the concurrency that in-flight batching serves.
+# The project's targets (upstream's bare engine hop on this box: ~4,800 tok/s). The first-token target is
+# checked against the median; p99 is reported beside it.
 TARGET_TOKS_1 = Target(">=", 2400)
 TARGET_TOKS_16 = Target(">=", 3600)
 TARGET_TTFT_16_MS = Target("<=", 100)
@@ -99,12 +99,14 @@ def run(ctx: BenchContext) -> list[Row]:
     rows += ensemble_overhead_rows(ctx, server.http_url)
     rounds = 1 if ctx.quick else 3
     body = {"text_input": PROMPT, "max_tokens": STREAM_TOKENS, "end_id": -1, "stream": True}
-    stream_load(server.http_url, "ensemble", 1, 1, lambda _i: body)  # warm-up
+    stream_load(server, "ensemble", 1, 1, lambda _i: body)  # warm-up
     for clients, targets in ((1, StreamTargets(TARGET_TOKS_1)), (16, StreamTargets(TARGET_TOKS_16, TARGET_TTFT_16_MS))):
-        run = stream_load(server.http_url, "ensemble", clients, rounds, lambda _i: body)
-        rows += stream_rows(f"ensemble stream, {clients} client(s)", run, STREAM_TOKENS, targets)
+        run = stream_load(server, "ensemble", clients, rounds, lambda _i: body)
+        rows += stream_rows(f"ensemble stream, {clients} client(s)", run, STREAM_TOKENS, targets, cpu_breakdown=True)
     # The bare engine hop, for reference: the ceiling for everything above it.
     engine = engine_body(HttpSession(server.http_url), PROMPT, STREAM_TOKENS) | {"streaming": True}
-    run = stream_load(server.http_url, "tensorrt_llm", 1, rounds, lambda _i: engine)
-    rows += stream_rows("tensorrt_llm stream (bare engine hop), 1 client", run, STREAM_TOKENS, StreamTargets())[:1]
+    run = stream_load(server, "tensorrt_llm", 1, rounds, lambda _i: engine)
+    label = "tensorrt_llm stream (bare engine hop), 1 client"
+    rows += [row for row in stream_rows(label, run, STREAM_TOKENS, StreamTargets(), cpu_breakdown=True)
+             if "first token" not in row.metric]
     return rows
