@@ -152,3 +152,66 @@ class CollectingSender:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
+
+
+def merge_events(events: list[EngineEvent]) -> EngineEvent:
+    """Consecutive events of one sequence as one: their tokens in order, the last one's finish."""
+    if len(events) == 1:
+        return events[0]
+    for event in events:
+        if event.error is not None:
+            return event  # an error ends the stream; nothing after it matters
+    generation_logits = [e.generation_logits for e in events if e.generation_logits is not None]
+    last = events[-1]
+    return EngineEvent(
+        request=last.request,
+        token_ids=[t for e in events for t in e.token_ids],
+        log_probs=[p for e in events for p in e.log_probs],
+        context_logits=events[0].context_logits,
+        generation_logits=np.concatenate(generation_logits) if generation_logits else None,
+        accepted_draft_tokens=sum(e.accepted_draft_tokens for e in events),
+        finished=last.finished,
+        finish_reason=last.finish_reason,
+    )
+
+
+class ResponseDispatcher:
+    """Sends responses on its own thread, so the engine never waits for Triton.
+
+    Events wait in a queue; each round, every sequence's waiting events go out as one response. While
+    sending keeps up with generation that is one token per response; when it does not (many streams, slow
+    consumers), a response carries every token ready since the previous one instead of falling behind.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[int, tuple[TritonRequestStream, list[EngineEvent]]] = {}
+        self._wakeup = threading.Condition()
+        self._running = True
+        self._thread = threading.Thread(target=self._run, name="response-dispatcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, stream: TritonRequestStream, event: EngineEvent) -> None:
+        key = id(event.request)
+        with self._wakeup:
+            if key in self._pending:
+                self._pending[key][1].append(event)
+            else:
+                self._pending[key] = (stream, [event])
+            self._wakeup.notify()
+
+    def shutdown(self) -> None:
+        with self._wakeup:
+            self._running = False
+            self._wakeup.notify()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            with self._wakeup:
+                while self._running and not self._pending:
+                    self._wakeup.wait()
+                if not self._pending:
+                    return
+                batch, self._pending = self._pending, {}
+            for stream, events in batch.values():
+                stream.on_event(merge_events(events))

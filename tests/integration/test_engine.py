@@ -77,7 +77,8 @@ def test_greedy_equals_transformers_generate(endpoint, prompt, reference_model):
     grpc = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(prompt, 24, streaming=True), OUTPUTS)
     assert grpc.completed and grpc.error is None
     assert streamed_tokens(grpc) == expected
-    assert len(grpc.responses) == 24  # one response per token
+    # One response per step, unless sending fell behind and a response carried several steps.
+    assert 2 <= len(grpc.responses) <= 24
 
 
 def test_end_id_stops_generation_and_is_not_returned(endpoint, prompt, reference_model):

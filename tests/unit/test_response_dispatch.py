@@ -1,0 +1,77 @@
+"""Engine responses leave on their own thread and merge when sending falls behind generation."""
+
+import threading
+
+import numpy as np
+
+from bls.engine.request import GenerationRequest
+from bls.engine.responses import ResponseDispatcher, TritonRequestStream, merge_events
+from bls.engine.sampling import SamplingParams
+from bls.engine.scheduler import EngineEvent
+
+
+def request(streaming=True, **kw) -> GenerationRequest:
+    return GenerationRequest(request_id="r", batch_index=0, batch_size=1, prompt=(1, 2), max_new_tokens=8,
+                             sampling=SamplingParams(), streaming=streaming, **kw)
+
+
+def test_merge_keeps_order_and_the_last_finish():
+    req = request(return_log_probs=True)
+    merged = merge_events([
+        EngineEvent(req, token_ids=[5], log_probs=[-0.5], generation_logits=np.ones((1, 3))),
+        EngineEvent(req, token_ids=[6, 7], log_probs=[-0.1, -0.2], generation_logits=np.zeros((2, 3)),
+                    accepted_draft_tokens=1),
+        EngineEvent(req, finished=True, finish_reason="end_id"),
+    ])
+    assert merged.token_ids == [5, 6, 7] and merged.log_probs == [-0.5, -0.1, -0.2]
+    assert merged.generation_logits.shape == (3, 3) and merged.accepted_draft_tokens == 1
+    assert merged.finished and merged.finish_reason == "end_id"
+
+
+def test_merge_stops_at_an_error():
+    req = request()
+    error = RuntimeError("boom")
+    merged = merge_events([EngineEvent(req, token_ids=[5]), EngineEvent(req, error=error, finished=True)])
+    assert merged.error is error
+
+
+class SlowSender:
+    """Blocks on its first send until released, so later events pile up behind it."""
+
+    def __init__(self):
+        self.sent = []
+        self.sending = threading.Event()
+        self.release = threading.Event()
+        self.done = threading.Event()
+
+    def send(self, outputs, final=False):
+        self.sending.set()
+        self.release.wait(5)
+        self.sent.append(outputs["output_ids"].reshape(-1).tolist())
+        if final:
+            self.done.set()
+
+    def send_error(self, error):
+        self.done.set()
+
+    def finish(self):
+        self.done.set()
+
+
+def test_dispatcher_merges_tokens_that_wait():
+    req = request()
+    sender = SlowSender()
+    stream = TritonRequestStream([req], sender, vocab_size=10)
+    dispatcher = ResponseDispatcher()
+    try:
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
+        assert sender.sending.wait(5)
+        for token in (2, 3, 4):  # generated while the first response is still being sent
+            dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[5], finished=True, finish_reason="length"))
+        sender.release.set()
+        assert sender.done.wait(5)
+    finally:
+        dispatcher.shutdown()
+    assert [t for chunk in sender.sent for t in chunk] == [1, 2, 3, 4, 5]
+    assert sender.sent[0] == [1] and len(sender.sent) == 2  # the waiting tokens went out together
