@@ -269,6 +269,7 @@ class _TextStreamer:
         self._detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=config.skip_special_tokens)
         self._accumulate = config.accumulate_tokens
         self._text_so_far = ""
+        self._num_tokens = 0
         self._batch_index = np.array([[row]], dtype=np.int32) if request.batch_size > 1 else None
         # The streamed text must add up to the non-streamed text, which starts with the prompt when the
         # client asked for it.
@@ -279,7 +280,12 @@ class _TextStreamer:
         self._pending = ""
         if not delta and not tokens:
             return {}
-        outputs = {"text_output": np.array([[self._text(delta).encode()]], dtype=object)}
+        self._num_tokens += len(tokens)
+        outputs = {
+            "text_output": np.array([[self._text(delta).encode()]], dtype=object),
+            # Running count: a response may carry several tokens when the engine's sending fell behind.
+            "num_output_tokens": np.array([[self._num_tokens]], dtype=np.int32),
+        }
         if self._batch_index is not None:
             outputs["batch_index"] = self._batch_index
         return outputs

@@ -98,7 +98,9 @@ def error_response(error: BaseException, model_name: str) -> Any:
     if isinstance(error, ModelStepError):
         code = pb_utils.TritonError.INVALID_ARG if error.client_error else pb_utils.TritonError.INTERNAL
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
-    pb_utils.Logger.log_error(f"{model_name}: unexpected error\n{traceback.format_exc()}")
+    # From the exception itself: error_response is also called outside the `except` that caught it.
+    details = "".join(traceback.format_exception(error))
+    pb_utils.Logger.log_error(f"{model_name}: unexpected error\n{details}")
     message = f"{model_name}: internal error ({type(error).__name__}: {error}); see the server log"
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
 
@@ -130,14 +132,24 @@ class SafeSender:
         self._model_name = model_name
         self._lock = threading.Lock()
         self._closed = False
+        self._cancelled = False
 
     @property
     def closed(self) -> bool:
         return self._closed
 
     def is_cancelled(self) -> bool:
-        with self._lock:
-            return self._closed or self._sender.is_cancelled()
+        """Never blocks: while a send is in progress, the answer of the previous check is returned.
+
+        The engine polls this every step; waiting for a send to finish would tie generation to sending.
+        """
+        if not self._lock.acquire(blocking=False):
+            return self._cancelled
+        try:
+            self._cancelled = self._closed or self._sender.is_cancelled()
+            return self._cancelled
+        finally:
+            self._lock.release()
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
         self._send(make_response(outputs), final)

@@ -9,7 +9,7 @@ text is checked against the non-streamed text of the same request.
 from __future__ import annotations
 
 from tools.bench_common import (
-    BenchContext, HttpSession, LoadRun, Row, StreamTargets, Target, quarter_means, stream_load, stream_rows,
+    BenchContext, HttpSession, LoadRun, Row, StreamTargets, Target, server_cpu_seconds, stream_load, stream_rows,
 )
 
 MODEL = "tensorrt_llm_bls"
@@ -39,19 +39,36 @@ def texts_match(run: LoadRun, rounds: int, references: list[str]) -> bool:
 
 
 def long_stream_rows(ctx: BenchContext, label: str, tokens: int, accumulate: bool) -> list[Row]:
+    """Server CPU per token (all Triton processes) in the first and the last quarter of one long stream.
+
+    CPU time rather than arrival gaps: responses coalesce several tokens when the synthetic engine outruns
+    the sending, so gaps between events say nothing per token; CPU per token is what would grow if a layer
+    re-did work in proportion to the output length.
+    """
     server = ctx.server(ctx.synthetic_repo(accumulate_tokens=accumulate))
     session = HttpSession(server.http_url)
     reference = session.generate(MODEL, body(PROMPTS[0], tokens, False))["text_output"]
-    trace = session.generate_stream(MODEL, body(PROMPTS[0], tokens, True))
+    boundaries = iter((1, tokens // 4, tokens - tokens // 4, tokens))
+    next_boundary = next(boundaries)
+    samples: list[tuple[int, float]] = []  # (tokens streamed so far, server CPU seconds so far)
+
+    def on_event(event: dict) -> None:
+        nonlocal next_boundary
+        count = event.get("num_output_tokens")
+        if count is not None and next_boundary is not None and count >= next_boundary:
+            samples.append((count, sum(server_cpu_seconds(server).values())))
+            next_boundary = next(boundaries, None)
+
+    trace = session.generate_stream(MODEL, body(PROMPTS[0], tokens, True), on_event=on_event)
     session.close()
     events = trace.events
     # Accumulating: every response carries the whole text so far, the final one included.
     streamed = events[-1]["text_output"] if accumulate else trace.text
-    gaps_us = [gap * 1e6 for gap in trace.gaps_s[:tokens - 1]]  # token events only, not the final summary
-    first, last = quarter_means(gaps_us)
+    (n0, c0), (n1, c1), (n2, c2), (n3, c3) = samples
+    first, last = (c1 - c0) / max(1, n1 - n0) * 1e6, (c3 - c2) / max(1, n3 - n2) * 1e6
     return [
-        Row(f"{label}: first quarter", first, "µs/token"),
-        Row(f"{label}: last quarter", last, "µs/token"),
+        Row(f"{label}: server CPU per token, first quarter", first, "µs/token"),
+        Row(f"{label}: server CPU per token, last quarter", last, "µs/token"),
         Row(f"{label}: last/first", last / first, "x", None if accumulate else FLAT),
         Row(f"{label}: streamed text == non-streamed",
             streamed == reference and events[-1]["num_output_tokens"] == tokens, "", Target("==", True)),

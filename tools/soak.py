@@ -451,12 +451,12 @@ def print_report(report: Report) -> None:
     print(f"TTFT p50 {lat['ttft_p50']} ms, p99 {lat['ttft_p99']} ms ({lat['ttft_samples']} streams); "
           f"inter-token p50 {lat['itl_p50']} ms, p99 {lat['itl_p99']} ms ({lat['itl_samples']} gaps)")
     names = sorted({name for snap in report.memory for name in snap.rss_bytes})
-    print("RSS (MiB)            " + "".join(f"{s.label:>16s}" for s in report.memory))
+    print("RSS (MiB)                 " + "".join(f"{s.label:>16s}" for s in report.memory))
     for name in names + ["total"]:
         row = [s.total_rss if name == "total" else s.rss_bytes.get(name, 0) for s in report.memory]
-        print(f"  {name:19s}" + "".join(f"{v / 2**20:16.1f}" for v in row))
-    print("  /dev/shm (server)  " + "".join(f"{s.shm_bytes / 2**20:16.1f}" for s in report.memory))
-    print("  /dev/shm (all)     " + "".join(f"{s.dev_shm_used_bytes / 2**20:16.1f}" for s in report.memory))
+        print(f"  {name:24s}" + "".join(f"{v / 2**20:16.1f}" for v in row))
+    print("  /dev/shm (server)       " + "".join(f"{s.shm_bytes / 2**20:16.1f}" for s in report.memory))
+    print("  /dev/shm (all)          " + "".join(f"{s.dev_shm_used_bytes / 2**20:16.1f}" for s in report.memory))
     print(f"engine sequences after quiesce: {report.engine_sequences_after_quiesce}")
     print("RESULT: " + ("PASS" if not report.failures else "FAIL: " + "; ".join(report.failures)))
 

@@ -109,6 +109,7 @@ class TritonRequestStream:
         self._assemblers = {request.batch_index: ResponseAssembler(request, vocab_size) for request in requests}
         self._unfinished = len(requests)
         self._lock = threading.Lock()
+        self.started = False  # a response went out (the dispatcher serves streams still waiting for one first)
 
     def on_event(self, event: EngineEvent) -> None:
         if event.error is not None:
@@ -120,6 +121,7 @@ class TritonRequestStream:
                 self._unfinished -= 1
             final = event.finished and self._unfinished == 0
         if outputs is not None:
+            self.started = True
             self._sender.send(outputs, final=final)
         elif final:
             self._sender.finish()
@@ -213,5 +215,6 @@ class ResponseDispatcher:
                 if not self._pending:
                     return
                 batch, self._pending = self._pending, {}
-            for stream, events in batch.values():
+            # First responses first: a new request's time to first token does not wait behind long streams.
+            for stream, events in sorted(batch.values(), key=lambda item: item[0].started):
                 stream.on_event(merge_events(events))

@@ -3,7 +3,7 @@
 Every iteration of the engine thread:
 1. admits queued sequences up to `max_active` (new ones join between steps, finished ones leave);
 2. ends sequences that were cancelled (`cancel(request_id)` or their `is_cancelled()` callable, polled
-   every iteration: a client disconnect stops the work at once and frees its KV cache);
+   every iteration: a client disconnect stops the work at once; its KV cache is parked for reuse);
 3. advances every active sequence by one step: the prefill (prompt, plus draft tokens if any) for a new
    sequence, otherwise one decode step. So concurrent requests make progress together, one token each per
    iteration. Forward passes are per sequence (own HF DynamicCache), not batched.
@@ -204,7 +204,7 @@ class Engine:
         for sequence in remaining:
             self._finish(sequence, EngineEvent(sequence.request, finished=True, error=EngineShutDown(
                 "the engine shut down before the request finished")))
-        if self._prefix_cache:
+        if self._prefix_cache is not None:
             self._prefix_cache.clear()
 
     @staticmethod
@@ -271,7 +271,7 @@ class Engine:
         """Give a new sequence a cache: a parked one holding a prefix of its prompt if there is one, else an
         empty one. Returns how many prompt tokens the cache already holds."""
         hit = None
-        if self._prefix_cache and not sequence.request.return_context_logits:
+        if self._prefix_cache is not None and not sequence.request.return_context_logits:
             hit = self._prefix_cache.take(sequence.tokens)
         if hit is None:
             sequence.cache = self._runner.new_cache()
@@ -286,7 +286,7 @@ class Engine:
     def _finish(self, sequence: _Sequence, event: EngineEvent) -> None:
         sequence.done = True
         # An error may have left the cache half-extended: only a cache known to be consistent is parked.
-        if self._prefix_cache and sequence.cache is not None and event.error is None and sequence.cached:
+        if self._prefix_cache is not None and sequence.cache is not None and event.error is None:
             self._prefix_cache.put(sequence.tokens[: sequence.cached], sequence.cache)
         sequence.cache = None  # frees (or parks) the KV cache now, not when the bookkeeping drops the sequence
         sequence.sampler = None

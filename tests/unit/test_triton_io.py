@@ -1,0 +1,161 @@
+"""bls.triton_io against a small stand-in for `triton_python_backend_utils` (only available inside Triton)."""
+
+from __future__ import annotations
+
+import sys
+import threading
+import types
+
+import numpy as np
+import pytest
+
+
+class _Tensor:
+    def __init__(self, name, array):
+        self._name, self._array = name, array
+
+    def name(self):
+        return self._name
+
+    def as_numpy(self):
+        return self._array
+
+
+class _TritonError(Exception):
+    INVALID_ARG, INTERNAL, UNSUPPORTED = "INVALID_ARG", "INTERNAL", "UNSUPPORTED"
+
+    def __init__(self, message, code="INTERNAL"):
+        super().__init__(message)
+        self._message, self._code = message, code
+
+    def message(self):
+        return self._message
+
+    def code(self):
+        return self._code
+
+
+class _InferenceResponse:
+    def __init__(self, output_tensors=(), error=None):
+        self.output_tensors, self.error = list(output_tensors), error
+
+
+class _Logger:
+    errors: list[str] = []
+
+    @classmethod
+    def log_error(cls, message):
+        cls.errors.append(message)
+
+
+class _MetricFamily:
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: list[str] = []
+
+    def __init__(self, name, description, kind):
+        _MetricFamily.created.append(name)
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' name
+        return types.SimpleNamespace(increment=lambda v: None, set=lambda v: None, observe=lambda v: None)
+
+
+@pytest.fixture(scope="module")
+def triton_io():
+    stub = types.ModuleType("triton_python_backend_utils")
+    stub.Tensor = _Tensor
+    stub.TritonError = _TritonError
+    stub.InferenceResponse = _InferenceResponse
+    stub.Logger = _Logger
+    stub.MetricFamily = _MetricFamily
+    stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+    stub.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
+    sys.modules["triton_python_backend_utils"] = stub
+    sys.modules.pop("bls.triton_io", None)
+    import bls.triton_io as module
+
+    yield module
+    del sys.modules["triton_python_backend_utils"]
+    sys.modules.pop("bls.triton_io", None)
+
+
+class RecordingSender:
+    def __init__(self):
+        self.sent = []
+        self.sending = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+
+    def send(self, response=None, flags=0):
+        self.sending.set()
+        self.release.wait(5)
+        self.sent.append((response, flags))
+
+    def is_cancelled(self):
+        return False
+
+
+class Request:
+    def __init__(self, tensors=None):
+        self.tensors = {k: _Tensor(k, v) for k, v in (tensors or {}).items()}
+        self.sender = RecordingSender()
+
+    def get_response_sender(self):
+        return self.sender
+
+
+def test_required_inputs_are_enforced_even_with_optional_ones_present(triton_io):
+    from bls.contract import TENSORRT_LLM
+    from bls.errors import InvalidRequest
+
+    request = Request({"request_output_len": np.array([[4]], np.int32), "temperature": np.array([[1.0]], np.float32)})
+    with pytest.raises(InvalidRequest) as error:
+        triton_io.read_inputs(request, TENSORRT_LLM)
+    assert error.value.field == "input_ids"
+
+
+def test_the_stream_ends_exactly_once(triton_io):
+    request = Request()
+    sender = triton_io.SafeSender(request, "m")
+    sender.send({"x": np.zeros(1)})
+    sender.send({"x": np.zeros(1)}, final=True)
+    sender.send_error(RuntimeError("late"))  # after FINAL: dropped, never a second end
+    sender.finish()
+    assert [flags for _, flags in request.sender.sent] == [0, 1]
+
+
+def test_errors_name_the_field_and_hide_tracebacks(triton_io):
+    from bls.errors import InvalidRequest
+
+    sender = triton_io.SafeSender(request := Request(), "preprocessing")
+    sender.send_error(InvalidRequest("MESSAGES", "is not valid JSON"))
+    response, flags = request.sender.sent[0]
+    assert flags == 1 and response.error.code() == "INVALID_ARG"
+    assert response.error.message() == "MESSAGES: is not valid JSON"
+
+    internal = triton_io.error_response(ZeroDivisionError("division by zero"), "preprocessing")
+    assert internal.error.code() == "INTERNAL" and "Traceback" not in internal.error.message()
+    assert "Traceback" in _Logger.errors[-1]  # the traceback goes to the server log
+
+
+def test_is_cancelled_never_waits_for_a_send(triton_io):
+    request = Request()
+    request.sender.release.clear()
+    sender = triton_io.SafeSender(request, "m")
+    sending = threading.Thread(target=sender.send, args=({"x": np.zeros(1)},))
+    sending.start()
+    assert request.sender.sending.wait(5)
+    answered = threading.Event()
+    threading.Thread(target=lambda: (sender.is_cancelled(), answered.set())).start()
+    assert answered.wait(2), "is_cancelled blocked behind a send in progress"
+    request.sender.release.set()
+    sending.join(5)
+
+
+def test_metric_families_are_created_once_and_kept(triton_io):
+    metrics = triton_io.Metrics()
+    before = len(_MetricFamily.created)
+    ok = metrics.counter("llm_requests_total", "d", {"reason": "ok"})
+    metrics.counter("llm_requests_total", "d", {"reason": "error"})
+    assert len(_MetricFamily.created) == before + 1
+    del metrics
+    ok.increment()  # the family outlives the Metrics object that made it
