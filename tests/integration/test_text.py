@@ -184,3 +184,20 @@ def test_ensemble_errors(endpoint, body, field):
         generate(endpoint.http, "ensemble", body)
     assert field in error.value.message and "Traceback" not in error.value.message
     assert generate(endpoint.http, "ensemble", {"text_input": "ok", "max_tokens": 2})["text_output"] is not None
+
+
+def test_preprocessing_and_postprocessing_over_grpc(endpoint, bundle):
+    import tritonclient.grpc as grpcclient
+
+    from tests.integration.client import tensor
+
+    client = grpcclient.InferenceServerClient(endpoint.grpc)
+    pre = client.infer("preprocessing", [tensor("QUERY", strings("Grüße aus Köln")),
+                                         tensor("REQUEST_OUTPUT_LEN", np.array([[8]], dtype=np.int32))],
+                       outputs=[grpcclient.InferRequestedOutput(n) for n in ("INPUT_ID", "REQUEST_INPUT_LEN")])
+    ids = pre.as_numpy("INPUT_ID")[0, : int(pre.as_numpy("REQUEST_INPUT_LEN")[0, 0])]
+    assert ids.tolist() == bundle.tokenizer.encode("Grüße aus Köln")
+    post = client.infer("postprocessing", [tensor("TOKENS_BATCH", ids.reshape(1, 1, -1).astype(np.int32)),
+                                           tensor("SEQUENCE_LENGTH", np.array([[len(ids)]], dtype=np.int32))],
+                        outputs=[grpcclient.InferRequestedOutput("OUTPUT")])
+    assert post.as_numpy("OUTPUT").reshape(-1)[0].decode() == "Grüße aus Köln"

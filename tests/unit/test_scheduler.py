@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from bls.engine.prefix_cache import PrefixCacheLimits
 from bls.engine.request import EngineLimits, parse_generation_requests
 from bls.engine.responses import TritonRequestStream
 from bls.engine.scheduler import Engine, EngineSettings, EngineShutDown, HFModelRunner, build_engine
@@ -164,11 +165,13 @@ class CountingRunner(HFModelRunner):
     def __init__(self, model):
         super().__init__(model)
         self.forwards = 0
+        self.feeds = []  # (past_length, tokens fed) of every forward
 
     def forward(self, cache, token_ids, past_length, num_logits):
         if past_length == 0 and self.POISON in token_ids:
             raise RuntimeError("poisoned prompt")
         self.forwards += 1
+        self.feeds.append((past_length, len(token_ids)))
         return super().forward(cache, token_ids, past_length, num_logits)
 
 
@@ -258,6 +261,139 @@ def test_seeded_sampling_is_reproducible(engine):
 
     assert sample(7) == sample(7)
     assert len({tuple(sample(seed)) for seed in range(4)}) > 1
+
+
+# ---- KV-cache reuse across requests ------------------------------------------------------------
+
+
+def run_one(engine, prompt, output_len, request_id="r", **extra):
+    collector = Collector()
+    engine.submit(make_request(prompt, output_len, request_id, **extra), collector)
+    return collector.wait()
+
+
+def prefill_of_next_request(runner, engine, prompt, output_len, **extra):
+    """(past_length, tokens fed) of the request's first forward, and its output tokens."""
+    first = len(runner.feeds)
+    tokens = run_one(engine, prompt, output_len, **extra).tokens
+    return runner.feeds[first], tokens
+
+
+def test_a_continued_sequence_prefills_only_its_new_tokens(model):
+    runner = CountingRunner(model)
+    engine = Engine(runner, LIMITS)
+    try:
+        prompt = PROMPTS[0]
+        first = run_one(engine, prompt, 6).tokens
+        assert first == greedy(model, prompt, 6)
+        # The parked cache holds prompt + 5 tokens (the 6th was never fed): only the last token is new.
+        continued = prompt + first
+        prefill, tokens = prefill_of_next_request(runner, engine, continued, 5)
+        assert prefill == (len(continued) - 1, 1)
+        assert tokens == greedy(model, continued, 5)
+        # A prompt that leaves the cached sequence part-way (shared: prompt + 3 tokens) reuses the shared part.
+        branched = prompt + first[:3] + [first[3] ^ 1, 7]
+        prefill, tokens = prefill_of_next_request(runner, engine, branched, 4)
+        assert prefill == (len(prompt) + 3, 2)
+        assert tokens == greedy(model, branched, 4)
+        # The same prompt again: everything but its last token comes from the cache.
+        prefill, tokens = prefill_of_next_request(runner, engine, branched, 4)
+        assert prefill == (len(branched) - 1, 1) and tokens == greedy(model, branched, 4)
+        # Context logits need the whole prompt run: no reuse for them.
+        prefill, _ = prefill_of_next_request(runner, engine, branched, 2, return_context_logits=np.array([True]))
+        assert prefill == (0, len(branched))
+        # Nothing shared: a full prefill.
+        prefill, tokens = prefill_of_next_request(runner, engine, PROMPTS[1], 3)
+        assert prefill == (0, len(PROMPTS[1])) and tokens == greedy(model, PROMPTS[1], 3)
+    finally:
+        engine.shutdown()
+
+
+def speculate(engine, prompt, rounds):
+    """The BLS loop of draft-target decoding against one engine, with given draft proposals: for each round
+    (draft, output_len), send the whole sequence with the draft and append what comes back."""
+    sequence = list(prompt)
+    for index, (draft, output_len) in enumerate(rounds):
+        extra = {"draft_input_ids": np.array([draft], np.int32)} if draft else {}
+        sequence += run_one(engine, sequence, output_len, f"t{index}", **extra).tokens
+    return sequence[len(prompt):]
+
+
+def test_speculative_rounds_with_rejected_drafts_equal_generate_with_and_without_reuse(model):
+    prompt = PROMPTS[1]
+    expected = greedy(model, prompt, 20)
+    wrong = [(t + 1) % VOCAB for t in expected]
+    rounds = [
+        (expected[0:4], 5),  # all accepted, plus the target's own token
+        ([expected[5], wrong[6], expected[7], expected[8]], 5),  # rejected at 2: fill to 5 by decoding
+        ([wrong[10], wrong[11]], 3),  # nothing accepted
+        ([expected[13], expected[14], wrong[15], wrong[16]], 3),  # rejected, and the request ends right there
+        (expected[16:19], 4),
+    ]
+    assert sum(n for _, n in rounds) == 20
+    runner = CountingRunner(model)
+    outputs = {}
+    for reuse in (PrefixCacheLimits(), None):
+        engine = Engine(runner, LIMITS, reuse=reuse)
+        try:
+            first = len(runner.feeds)
+            outputs[reuse is not None] = speculate(engine, prompt, rounds)
+            feeds = runner.feeds[first:]
+        finally:
+            engine.shutdown()
+        verifications = [feed for feed in feeds if feed[1] > 1]
+        if reuse:  # every round after the first feeds only its last sequence token and the draft
+            assert verifications[1:] == [(len(prompt) + offset - 1, len(draft) + 1)
+                                         for offset, (draft, _) in zip((5, 10, 13, 16), rounds[1:])]
+    assert outputs[True] == outputs[False] == expected
+
+
+def test_a_request_that_ends_on_a_rejected_draft_parks_no_kv_of_it(model):
+    runner = CountingRunner(model)
+    engine = Engine(runner, LIMITS)
+    try:
+        prompt = PROMPTS[0]
+        expected = greedy(model, prompt, 10)
+        draft = [expected[0], expected[1], (expected[2] + 1) % VOCAB, expected[3]]
+        # Ends at its 3rd token, the target's own in place of the rejected draft: no crop happens then.
+        assert run_one(engine, prompt, 3, draft_input_ids=np.array([draft], np.int32)).tokens == expected[:3]
+        continued = prompt + expected[:5]  # goes on past the rejected position, so no re-fed token hides it
+        prefill, tokens = prefill_of_next_request(runner, engine, continued, 5)
+        assert prefill == (len(prompt) + 2, 3)
+        assert tokens == expected[5:]
+    finally:
+        engine.shutdown()
+
+
+def test_a_cancelled_request_parks_a_cache_that_its_continuation_reuses(model):
+    runner = CountingRunner(model)
+    engine = Engine(runner, LIMITS)
+    try:
+        disconnected = threading.Event()
+        cancelled = Collector(on_each=lambda c, e: len(c.events) == 3 and disconnected.set())
+        engine.submit(make_request(PROMPTS[0], 50), cancelled, is_cancelled=disconnected.is_set)
+        assert cancelled.wait().final.finish_reason == FINISH_CANCELLED
+        continued = PROMPTS[0] + cancelled.tokens
+        prefill, tokens = prefill_of_next_request(runner, engine, continued, 6)
+        assert prefill == (len(continued) - 1, 1)
+        assert tokens == greedy(model, continued, 6)
+    finally:
+        engine.shutdown()
+
+
+def test_a_parked_cache_serves_one_of_two_concurrent_requests(model):
+    runner = CountingRunner(model)
+    engine = Engine(runner, LIMITS)
+    try:
+        prompt = PROMPTS[0] + run_one(engine, PROMPTS[0], 4).tokens
+        first = len(runner.feeds)
+        sender = serve(engine, inputs_for([prompt, prompt], 3))  # two rows, both want the parked cache
+        prefills = [feed for feed in runner.feeds[first:] if feed[0] < len(prompt)]
+        assert sorted(prefills) == [(0, len(prompt)), (len(prompt) - 1, 1)]  # one row reused it, one could not
+        expected = greedy(model, prompt, 3)
+        assert [o["output_ids"].tolist() for o, _ in sender.responses] == [[[prompt + expected]]] * 2
+    finally:
+        engine.shutdown()
 
 
 # ---- responses: events -> tensors, as the tensorrtllm backend shapes them ------------------------
