@@ -8,8 +8,10 @@ greedy sampling the output is therefore the target's own greedy output.
 Cost of a round: the draft runs k decode steps and the target one forward over k+1 tokens. Both are new
 engine requests carrying the whole sequence (4 bytes a token); the engines reuse the KV cache of the
 previous round's sequence (TensorRT-LLM: enable_kv_cache_reuse; the embedded engine: its prefix cache),
-so neither re-runs the prompt. The end of generation is detected without an extra round: the target
-returns fewer than the k+1 tokens it was asked for only when it stopped (end_id or a stop word).
+so neither re-runs the prompt. The end of generation is detected without an extra round: a target that
+fills to k+1 returns fewer only when it stopped (end_id or a stop word); one that returns right after the
+verification step (j accepted + 1) does so as well when it returns any other count. Both engine behaviours
+are handled, so the loop does not depend on which one a TensorRT-LLM version has.
 """
 
 from __future__ import annotations
@@ -104,8 +106,10 @@ class DraftTargetDecoder:
 
             stats.rounds += 1
             stats.draft_tokens += len(draft)
-            stats.accepted_tokens += _common_prefix(draft, new)
-            engine_stopped = len(new) < len(draft) + 1
+            accepted = _common_prefix(draft, new)
+            stats.accepted_tokens += accepted
+            # Not stopped: k+1 tokens (filled), or exactly the accepted ones plus the target's own.
+            engine_stopped = len(new) < len(draft) + 1 and len(new) != min(accepted, len(draft)) + 1
             new, hit_stop_word = truncate_at_stop_word(generated, new, stop_words)
             generated += new
             sequence += new

@@ -16,7 +16,7 @@ How the draft is made to agree with the target (random weights alone give ~0% ac
   proposes what the target picks, and sometimes not, which keeps speculative decoding's rejection
   path exercised. The gains were tuned by measuring greedy acceptance of 4-token proposals.
 - Sizes are multiples of 128 because AWQ quantizes in groups of 128 input features.
-- Speed: the lm_head GEMV over 128256 rows dominates the draft; the target's 16 layers make it
+- Speed: the lm_head GEMV over 128256 rows dominates the draft; the target's 16 wide layers make it
   several times slower per token, which is what speculative decoding needs to pay off.
 """
 
@@ -53,7 +53,9 @@ class TinyLlamaShape:
 
     vocab_size: int = LLAMA3_VOCAB_SIZE
     hidden_size: int = 128
-    intermediate_size: int = 512
+    # Wide MLPs make each target layer cost real compute, as in a real model, so the 1-layer draft is
+    # ~1/8 of the target's per-token time (the shared 128256-row lm_head is a fixed cost of both).
+    intermediate_size: int = 4096
     num_attention_heads: int = 2
     num_key_value_heads: int = 1
     head_dim: int = 64
@@ -129,7 +131,9 @@ def tiny_llama_weights(
                 prefix + "self_attn.o_proj.weight": normal(hidden, q_out, std=WEIGHT_STD * gain),
                 prefix + "mlp.gate_proj.weight": normal(inter, hidden, std=WEIGHT_STD),
                 prefix + "mlp.up_proj.weight": normal(inter, hidden, std=WEIGHT_STD),
-                prefix + "mlp.down_proj.weight": normal(hidden, inter, std=WEIGHT_STD * gain),
+                # / sqrt(inter / 512): the MLP's output size does not depend on its width (the gains
+                # were tuned at width 512).
+                prefix + "mlp.down_proj.weight": normal(hidden, inter, std=WEIGHT_STD * gain * (512 / inter) ** 0.5),
             }
         )
     return weights

@@ -1,17 +1,19 @@
 """Section "speculative": draft-target speculative decoding on the real default repository (tiny AWQ
 target and draft, on CPU). tensorrt_llm_bls generate, greedy, a fixed 256 tokens (end_id -1), with
-num_draft_tokens 0 and 4 on the same prompt: tok/s, the acceptance the BLS reports, and identical text
+num_draft_tokens 0 and 4 on the same chat prompt: tok/s, the acceptance the BLS reports, and identical text
 (greedy speculative decoding must give the target's own greedy output).
 """
 
 from __future__ import annotations
 
+import json
 import time
 
 from tools.bench_common import BenchContext, HttpSession, Row, Target, median, server_cpu_seconds
 
 MODEL = "tensorrt_llm_bls"
-PROMPT = "Once upon a time, in a land far away,"
+# A chat turn: what an Instruct deployment serves (rendered with the Llama 3 template by preprocessing).
+MESSAGES = json.dumps([{"role": "user", "content": "Tell me a story about a land far away."}])
 MAX_TOKENS = 256
 DRAFT_TOKENS = 4
 TARGET_SPEEDUP = Target(">=", 1.5)
@@ -19,7 +21,7 @@ TARGET_ACCEPTANCE = Target(">=", 0.70)
 
 
 def timed_generate(session: HttpSession, num_draft_tokens: int, max_tokens: int) -> tuple[dict, float]:
-    body = {"text_input": PROMPT, "max_tokens": max_tokens, "end_id": -1, "num_draft_tokens": num_draft_tokens}
+    body = {"messages": MESSAGES, "max_tokens": max_tokens, "end_id": -1, "num_draft_tokens": num_draft_tokens}
     began = time.perf_counter()
     result = session.generate(MODEL, body)
     return result, time.perf_counter() - began

@@ -7,6 +7,7 @@ tests.
 """
 
 import numpy as np
+import pytest
 
 from bls.speculative_decoding import DraftTargetDecoder, truncate_at_stop_word, word_sequences
 
@@ -19,9 +20,10 @@ def target_next(sequence):
 
 
 class FakeEngines:
-    def __init__(self, draft_error_every=5, end_after=None):
+    def __init__(self, draft_error_every=5, end_after=None, fill=True):
         self.draft_error_every = draft_error_every
         self.end_after = end_after  # emit end_id once the sequence is this long
+        self.fill = fill  # the target goes on to request_output_len (True) or returns after verifying
         self.calls = []
 
     def _next(self, seq):
@@ -43,12 +45,15 @@ class FakeEngines:
                     break
                 out.append(token)
         else:
-            # Verification then ordinary generation up to request_output_len, as TensorRT-LLM does.
+            # Verification, then (fill) ordinary generation up to request_output_len.
+            draft = inputs["draft_input_ids"].reshape(-1).tolist() if "draft_input_ids" in inputs else []
             for i in range(n):
                 token = self._next(seq + out)
                 if token == END_ID:
                     break
                 out.append(token)
+                if not self.fill and (i >= len(draft) or draft[i] != token):
+                    break
         yield {"output_ids": np.array([[out]], dtype=np.int32).reshape(1, 1, -1),
                "sequence_length": np.array([[len(out)]], dtype=np.int32)}
 
@@ -73,10 +78,11 @@ def run(engines, prompt, max_tokens, k, stop_words=None):
     return [t for c in chunks for t in c], stats
 
 
-def test_output_equals_target_greedy_for_any_draft_length():
+@pytest.mark.parametrize("fill", [True, False])
+def test_output_equals_target_greedy_for_any_draft_length(fill):
     prompt = [5, 9, 11]
     for k in (1, 2, 4, 7):
-        tokens, stats = run(FakeEngines(), prompt, 40, k)
+        tokens, stats = run(FakeEngines(fill=fill), prompt, 40, k)
         assert tokens == greedy_reference(prompt, 40)
         assert stats.finish_reason == "length"
         assert 0 < stats.accepted_tokens < stats.draft_tokens
@@ -90,13 +96,15 @@ def test_exact_max_tokens_and_no_draft_beyond_it():
         assert seq_len - 2 + n <= 10
 
 
-def test_end_id_detected_in_the_same_round():
-    engines = FakeEngines(end_after=9)
+@pytest.mark.parametrize("fill", [True, False])
+@pytest.mark.parametrize("end_after", [6, 9, 13])
+def test_end_id_detected_in_the_same_round(fill, end_after):
+    engines = FakeEngines(end_after=end_after, fill=fill)
     tokens, stats = run(engines, [5, 9, 11], 40, 4)
-    assert tokens == greedy_reference([5, 9, 11], 40, end_after=9)
+    assert tokens == greedy_reference([5, 9, 11], 40, end_after=end_after)
     assert stats.finish_reason == "stop"
     target_calls = [c for c in engines.calls if c[0] == "target"]
-    assert target_calls[-1][1] <= 9  # no extra round after the end
+    assert target_calls[-1][1] <= end_after  # no extra round after the end
 
 
 def test_stop_word_spanning_two_rounds_is_found():
