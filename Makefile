@@ -77,3 +77,35 @@ clean:
 
 distclean: clean
 	rm -rf $(VENV)
+
+# ---- Triton's own load tools (each in its own venv under build/) ------------------------------------------
+# PERF_URL=host:grpc_port measures a running deployment (e.g. the NGC container on a GPU box; give its
+# tokenizer as PERF_TOKENIZER); empty starts a server on $(REPO) for the run.
+PERF_VENV ?= build/venv-perf
+GENAI_PERF_VENV ?= build/venv-genai-perf
+PERF_URL ?=
+PERF_MODELS ?= ensemble tensorrt_llm_bls
+PERF_TOKENIZER ?= $(ASSETS)/tokenizer
+PERF_CONCURRENCY ?= 4
+PERF_REQUESTS ?= 40
+PERF_MAX_TOKENS ?= 32
+PERF_ARGS = $(if $(PERF_URL),--url $(PERF_URL)) --repo $(REPO) --models $(PERF_MODELS) \
+    --concurrency $(PERF_CONCURRENCY) --requests $(PERF_REQUESTS) --max-tokens $(PERF_MAX_TOKENS) --perf-venv $(PERF_VENV)
+
+.PHONY: perf-analyzer genai-perf
+
+$(PERF_VENV)/.installed:
+	$(PYTHON) -m venv $(PERF_VENV)
+	$(PERF_VENV)/bin/pip install -q "tritonclient[all]==2.51.0"
+	touch $@
+
+$(GENAI_PERF_VENV)/.installed:
+	$(PYTHON) -m venv $(GENAI_PERF_VENV)
+	$(GENAI_PERF_VENV)/bin/pip install -q "genai-perf==0.0.16"
+	touch $@
+
+perf-analyzer: setup $(PERF_VENV)/.installed
+	$(PY) -m tools.perf_tools perf-analyzer $(PERF_ARGS)
+
+genai-perf: setup $(PERF_VENV)/.installed $(GENAI_PERF_VENV)/.installed
+	$(PY) -m tools.perf_tools genai-perf $(PERF_ARGS) --genai-venv $(GENAI_PERF_VENV) --tokenizer $(PERF_TOKENIZER)

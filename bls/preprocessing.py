@@ -155,12 +155,15 @@ class Preprocessor:
             text = row.text(field)
             if not text:
                 raise InvalidRequest(field, "is empty")
+            self._refuse_if_too_long(field, [text])
             prompt_ids = self.bundle.encode_text(
                 text, add_special_tokens=self.add_special_tokens, parse_special_tokens=self.parse_query_special_tokens
             )
         else:
             field = "MESSAGES"
-            prompt_ids = self.bundle.encode_chat(parse_chat_messages(row.text(field), field), field)
+            messages = parse_chat_messages(row.text(field), field)
+            self._refuse_if_too_long(field, [message.content for message in messages])
+            prompt_ids = self.bundle.encode_chat(messages, field)
         if self.max_input_len is not None and len(prompt_ids) > self.max_input_len:
             raise InvalidRequest(
                 field, f"the prompt is {len(prompt_ids)} tokens, more than max_input_len {self.max_input_len}"
@@ -182,6 +185,15 @@ class Preprocessor:
                 row.texts("EMBEDDING_BIAS_WORDS"), row.values("EMBEDDING_BIAS_WEIGHTS").tolist()
             )
         return _Item(prompt_ids, decoder_ids, end_id, pad_id, bad_words, stop_words, embedding_bias)
+
+    def _refuse_if_too_long(self, field: str, texts: list[str]) -> None:
+        """A cheap early refusal: tokenizing megabytes of text only to reject it costs seconds of CPU."""
+        if self.max_input_len is None:
+            return
+        size = sum(len(text.encode()) for text in texts)
+        if size > self.max_input_len * self.bundle.max_token_bytes:
+            raise InvalidRequest(field, f"the prompt is {size} bytes, far more than max_input_len "
+                                        f"{self.max_input_len} tokens can hold")
 
     def _token_id(self, row: _Row, name: str, default: int, lowest: int) -> int:
         if not row.has(name):

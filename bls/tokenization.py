@@ -114,6 +114,9 @@ class TokenizerBundle:
         # never reads it. A token the model neither reads nor generates keeps padding distinguishable from
         # a real end of sequence in those outputs; the end id (upstream's choice) is the last resort.
         self.pad_id: int = self._default_pad_id()
+        # Byte-level BPE: one vocabulary character is one byte, so this bounds the bytes a token covers.
+        # A text of more than max_input_len * max_token_bytes bytes cannot fit: refused before tokenizing.
+        self.max_token_bytes: int = max(len(token) for token in tokenizer.get_vocab())
 
     @classmethod
     def from_dir(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":

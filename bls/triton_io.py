@@ -155,7 +155,13 @@ class SafeSender:
         self._send(make_response(outputs), final)
 
     def send_error(self, error: BaseException) -> None:
-        self._send(error_response(error, self._model_name), final=True)
+        """The error, then the end of the stream as a separate empty response.
+
+        Triton 2.51 never hands an error that carries the FINAL flag, after data responses, to a BLS
+        caller's exec(decoupled=True) iterator (the BLS then waits forever); sent apart, both arrive.
+        """
+        self._send(error_response(error, self._model_name), final=False)
+        self.finish()
 
     def finish(self) -> None:
         """Close the stream with an empty final response (no-op if already closed)."""

@@ -80,9 +80,9 @@ def _site_packages(venv: Path) -> list[str]:
 
 
 def tool_environment(perf_venv: Path) -> dict[str, str]:
-    links = link_libraries(perf_venv)
+    links = link_libraries(perf_venv).resolve()  # absolute: genai-perf runs in its own working directory
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(perf_venv / "bin"), env.get("PATH", "")])  # genai-perf runs perf_analyzer
+    env["PATH"] = os.pathsep.join([str((perf_venv / "bin").resolve()), env.get("PATH", "")])  # genai-perf runs perf_analyzer
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(links), env.get("LD_LIBRARY_PATH")) if p)
     return env
 
@@ -115,12 +115,13 @@ def perf_analyzer(args) -> list[StreamSummary]:
                 "end_id": [-1], "stream": [True],
             }]}))
             export = out / f"{model}.export.json"
+            export.unlink(missing_ok=True)  # perf_analyzer refuses to overwrite it
             command = [
                 "perf_analyzer", "-m", model, "-u", url, "-i", "grpc", "--streaming", "--async",
                 "--input-data", str(data), "--concurrency-range", str(args.concurrency),
-                "--request-count", str(args.requests), "--warmup-request-count", "2",
-                "--stability-percentage", "999", "--profile-export-file", str(export),
-            ]
+                "--request-count", str(args.requests), "--stability-percentage", "999",
+                "--profile-export-file", str(export),
+            ]  # no --warmup-request-count: with it, perf_analyzer 2.51 never finishes a streaming run here
             print("+ " + " ".join(command), flush=True)
             run = subprocess.run(command, env=env, capture_output=True, text=True)
             (out / f"{model}.stdout.txt").write_text(run.stdout + run.stderr)
@@ -167,13 +168,13 @@ def genai_perf(args) -> list[StreamSummary]:
         for model in args.models:
             artifacts = out / model
             command = [
-                str(args.genai_venv / "bin" / "genai-perf"), "profile", "-m", model, "--endpoint-type", "kserve",
+                str((args.genai_venv / "bin" / "genai-perf").resolve()), "profile", "-m", model, "--endpoint-type", "kserve",
                 "--backend", "tensorrtllm", "--streaming", "-u", url, "--tokenizer", str(args.tokenizer.resolve()),
                 "--synthetic-input-tokens-mean", "32", "--synthetic-input-tokens-stddev", "0",
+                # deterministic: min_length = max_tokens, so every request yields exactly max_tokens tokens
                 "--output-tokens-mean", str(args.max_tokens), "--output-tokens-mean-deterministic",
-                "--extra-inputs", "end_id:-1",
                 "--concurrency", str(args.concurrency), "--request-count", str(args.requests),
-                "--warmup-request-count", "2", "--artifact-dir", str(artifacts),
+                "--artifact-dir", str(artifacts),
             ]
             print("+ " + " ".join(command), flush=True)
             run = subprocess.run(command, env=env, capture_output=True, text=True, cwd=out.parent)

@@ -203,3 +203,13 @@ def test_missing_output_len(preprocess):
     with pytest.raises(InvalidRequest) as caught:
         preprocess({"QUERY": strings(["Hi"])})
     assert caught.value.field == "REQUEST_OUTPUT_LEN"
+
+
+def test_megabytes_of_text_are_refused_before_tokenizing(bundle):
+    limited = Preprocessor(bundle, max_input_len=100)
+    huge = "many words " * 200_000  # 2.2 MB: tokenizing it would take seconds
+    for inputs, field in ((request(query=huge), "QUERY"),
+                          (request(messages=[{"role": "user", "content": huge}]), "MESSAGES")):
+        with pytest.raises(InvalidRequest) as error:
+            limited(inputs)
+        assert error.value.field == field and "bytes" in error.value.problem and "max_input_len 100" in error.value.problem

@@ -128,8 +128,9 @@ def test_errors_name_the_field_and_hide_tracebacks(triton_io):
 
     sender = triton_io.SafeSender(request := Request(), "preprocessing")
     sender.send_error(InvalidRequest("MESSAGES", "is not valid JSON"))
-    response, flags = request.sender.sent[0]
-    assert flags == 1 and response.error.code() == "INVALID_ARG"
+    (response, flags), (end, end_flags) = request.sender.sent
+    assert response.error.code() == "INVALID_ARG"
+    assert (flags, end, end_flags) == (0, None, 1)  # the end of the stream goes apart from the error
     assert response.error.message() == "MESSAGES: is not valid JSON"
 
     try:
