@@ -31,13 +31,15 @@ METRICS_PORT ?= 8002
 SERVER_URL ?=
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve test bench soak clean help
+.PHONY: setup repo serve test bench soak clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run the unit + integration tests"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box)"
 	@echo "make bench   print the benchmark tables"
+	@echo "make soak    concurrent mixed load with faults (DURATION=seconds CONCURRENCY=clients)"
+	@echo "make perf-analyzer / make genai-perf   Triton's own load tools (PERF_URL=host:port)"
 	@echo "make clean   remove build outputs (keeps the venv; 'make distclean' removes it too)"
 
 setup: $(STAMP)
