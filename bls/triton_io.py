@@ -24,6 +24,12 @@ log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 
+# Quick pb_utils calls of a process (requests, responses, sends) go through this one lock: the Triton 2.51
+# stub is not safe against such calls from several threads at once (a BLS serving many streams on threads
+# died with "double free or corruption" under the soak). Blocking waits (a child stream's next response)
+# stay outside the lock, so streams still progress in parallel. Metrics have their own lock (Metrics).
+PB_LOCK = threading.RLock()
+
 
 def read_inputs(request: Any, contract: ModelContract) -> Tensors:
     """All inputs present in `request`, as numpy arrays, with required ones enforced.
@@ -123,14 +129,13 @@ class SafeSender:
     """A response sender that always ends the stream once and survives client disconnects.
 
     Every decoupled model must send the FINAL flag exactly once, also on errors, or the client hangs.
-    Sends from several threads are serialised: the 2.51 stub is not safe against concurrent calls on
-    one sender.
+    Sends from several threads are serialised (PB_LOCK).
     """
 
     def __init__(self, request: Any, model_name: str):
-        self._sender = request.get_response_sender()
+        with PB_LOCK:
+            self._sender = request.get_response_sender()
         self._model_name = model_name
-        self._lock = threading.Lock()
         self._closed = False
         self._cancelled = False
 
@@ -143,16 +148,16 @@ class SafeSender:
 
         The engine polls this every step; waiting for a send to finish would tie generation to sending.
         """
-        if not self._lock.acquire(blocking=False):
+        if not PB_LOCK.acquire(blocking=False):
             return self._cancelled
         try:
             self._cancelled = self._closed or self._sender.is_cancelled()
             return self._cancelled
         finally:
-            self._lock.release()
+            PB_LOCK.release()
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
-        self._send(make_response(outputs), final)
+        self._send(lambda: make_response(outputs), final)
 
     def send_error(self, error: BaseException) -> None:
         """The error, then the end of the stream as a separate empty response.
@@ -160,24 +165,24 @@ class SafeSender:
         Triton 2.51 never hands an error that carries the FINAL flag, after data responses, to a BLS
         caller's exec(decoupled=True) iterator (the BLS then waits forever); sent apart, both arrive.
         """
-        self._send(error_response(error, self._model_name), final=False)
+        self._send(lambda: error_response(error, self._model_name), final=False)
         self.finish()
 
     def finish(self) -> None:
         """Close the stream with an empty final response (no-op if already closed)."""
-        with self._lock:
+        with PB_LOCK:
             if self._closed:
                 return
             self._closed = True
             self._sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
-    def _send(self, response: Any, final: bool) -> None:
-        with self._lock:
+    def _send(self, build_response: Callable[[], Any], final: bool) -> None:
+        with PB_LOCK:
             if self._closed:
                 return
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             self._closed = final
-            self._sender.send(response, flags=flags)
+            self._sender.send(build_response(), flags=flags)
 
 
 class Metrics:
@@ -188,6 +193,8 @@ class Metrics:
     family was garbage-collected fails.
     """
 
+    # Its own lock, not PB_LOCK: the engine thread updates metrics every step and must not wait for sends
+    # (metric calls only need serialising among themselves, per the reference experiments).
     _lock = threading.Lock()
 
     def __init__(self):
@@ -243,16 +250,23 @@ class ChildModels:
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors:
-        response = self._request(model_name, inputs, outputs, request_id).exec()
-        raise_for_error(response, model_name)
-        return self._tensors(response, outputs)
+        with PB_LOCK:  # short: preprocessing / postprocessing answer in milliseconds
+            response = self._request(model_name, inputs, outputs, request_id).exec()
+            raise_for_error(response, model_name)
+            return self._tensors(response, outputs)
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]:
         outputs = list(outputs)
-        for response in self._request(model_name, inputs, outputs, request_id).exec(decoupled=True):
-            raise_for_error(response, model_name)
-            tensors = self._tensors(response, outputs)
+        with PB_LOCK:
+            responses = iter(self._request(model_name, inputs, outputs, request_id).exec(decoupled=True))
+        while True:
+            response = next(responses, None)  # waits for the engine: outside the lock
+            if response is None:
+                return
+            with PB_LOCK:
+                raise_for_error(response, model_name)
+                tensors = self._tensors(response, outputs)
             if tensors:  # a decoupled model may end with an empty final response
                 yield tensors
 

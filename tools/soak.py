@@ -382,8 +382,9 @@ def run_load(target: Target, duration_s: float, concurrency: int, request_timeou
     snapshots = [MemorySnapshot.take("after warm-up", target.server_pid)]
     time.sleep(max(0.0, deadline - time.monotonic()))
     snapshots.append(MemorySnapshot.take("end of load", target.server_pid))
+    join_deadline = time.monotonic() + request_timeout_s + 10  # one bound for all: requests run in parallel
     for thread in threads:  # each finishes its request in flight, bounded by the request timeout
-        thread.join(request_timeout_s + 10)
+        thread.join(max(0.0, join_deadline - time.monotonic()))
     stuck = sum(thread.is_alive() for thread in threads)
     outcomes += [Outcome("client", "hung", "client thread did not finish")] * stuck
     return outcomes, snapshots
