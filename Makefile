@@ -51,7 +51,7 @@ ifneq ($(SYSTEM_PYTHON),1)
 	@rm -f $(VENV)/.installed-*
 endif
 	$(INSTALL)
-	$(PY) -m engine_build.server install-stub
+	$(PY) -m serving.tritonserver install-stub
 	@mkdir -p $(dir $@); touch $@
 
 repo: setup
@@ -60,7 +60,7 @@ repo: setup
 	    --tp $(TP) --pp $(PP)
 
 serve: repo
-	$(PY) -m engine_build.server serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
+	$(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 	    --metrics-port $(METRICS_PORT) --world-size $$(( $(TP) * $(PP) ))
 
 # With SERVER_URL (a running server, e.g. the NGC container's) the integration tests use it as is.

@@ -14,21 +14,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
-# Triton data type name -> numpy dtype (BYTES/STRING tensors arrive as numpy object arrays of bytes).
-NUMPY_DTYPES: dict[str, type] = {
-    "TYPE_BOOL": np.bool_,
-    "TYPE_INT32": np.int32,
-    "TYPE_INT64": np.int64,
-    "TYPE_UINT64": np.uint64,
-    "TYPE_UINT8": np.uint8,
-    "TYPE_FP16": np.float16,
-    "TYPE_FP32": np.float32,
-    "TYPE_STRING": np.object_,
-}
-
-
 @dataclass(frozen=True)
 class TensorSpec:
     name: str
@@ -40,10 +25,6 @@ class TensorSpec:
     reshape_scalar: bool = False
     allow_ragged_batch: bool = False
     extension: bool = False
-
-    @property
-    def numpy_dtype(self) -> type:
-        return NUMPY_DTYPES[self.data_type]
 
     def to_pbtxt(self, is_output: bool = False) -> str:
         fields = [f'name: "{self.name}"', f"data_type: {self.data_type}", f"dims: [ {', '.join(map(str, self.dims))} ]"]
@@ -156,24 +137,6 @@ TENSORRT_LLM = ModelContract(
         *_GENERATION_DETAILS,
         _t("context_phase_params", "TYPE_UINT8", [-1]),
     ),
-)
-
-# Inputs the embedded engine honours; any other optional input present in a request is rejected by
-# name rather than silently ignored.
-EMBEDDED_ENGINE_SUPPORTED_INPUTS = frozenset(
-    {
-        "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids",
-        "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias", "beam_width",
-        "temperature", "runtime_top_k", "runtime_top_p", "repetition_penalty", "min_length",
-        "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
-        "return_context_logits", "return_generation_logits", "exclude_input_in_output", "stop",
-        "streaming",
-        # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
-        # ignores them, as the tensorrtllm backend does.
-        "decoder_input_ids", "decoder_input_lengths",
-        # Beam-search knobs that TensorRT-LLM ignores at beam width 1, the only width served here.
-        "len_penalty", "early_stopping", "beam_search_diversity_rate",
-    }
 )
 
 # ----------------------------------------------------------------------------------------------------

@@ -7,7 +7,6 @@ without Triton.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import traceback
@@ -46,16 +45,6 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
             continue
         tensors[spec.name] = tensor.as_numpy()
     return tensors
-
-
-def request_parameters(request: Any) -> dict[str, Any]:
-    raw = request.parameters()
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw)
-    except json.JSONDecodeError:
-        return {}
 
 
 def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:

@@ -1,7 +1,7 @@
 import os
 import sys
 
-# Before torch is imported: see engine_build.server.server_environment.
+# Before torch is imported: see serving.tritonserver.server_environment.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from engine_build.cli import main  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from engine_build.repository import RepositorySettings, assemble_repository
 
-ASSET_SOURCES = ("tokenizer_assets.py", "tiny_models.py", "quantize.py", "data/calibration.txt")
+ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
 
 
 def _stage(message: str) -> None:
@@ -37,8 +37,8 @@ def _assets_fingerprint(seed: int) -> str:
 def build_default_assets(assets: Path, seed: int = 0) -> dict[str, Path]:
     """Tokenizer, tiny target + draft (HF, fp32) and their AWQ checkpoints; reused while up to date."""
     from engine_build.quantize import quantize_awq
-    from engine_build.tiny_models import write_tiny_models
-    from engine_build.tokenizer_assets import write_llama3_tokenizer
+    from engine_build.assets.tiny_models import write_tiny_models
+    from engine_build.assets.tokenizer import write_llama3_tokenizer
 
     paths = {
         "tokenizer": assets / "tokenizer",

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS
 from engine_build.render import render_model_config
 
 TEMPLATES = Path(__file__).resolve().parents[1] / "model_repository"
@@ -47,7 +48,7 @@ class RepositorySettings:
     accumulate_tokens: bool = False
     synthetic: bool = False
     torch_threads: int = 0  # 0: torch's default
-    max_active_requests: int = 16
+    max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
     # so the two fractions stay well under 1 together.
     target_kv_cache_fraction: float = 0.85

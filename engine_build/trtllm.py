@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from engine_build.gpu import gpu_available
+
 TRTLLM_VERSION = "1.2.1"
 # Triton's release compatibility matrix: the 26.04-26.07 trtllm-python-py3 containers ship TensorRT-LLM 1.2.1
 # (25.12-26.02 ship 1.1.0, 26.03 ships 1.2.0); 26.07 is the newest of them.
@@ -70,19 +72,6 @@ def trtllm_build_command(
     return command
 
 
-def _gpu_available() -> bool:
-    """An NVIDIA GPU this process can see: nvidia-smi lists one, or torch reaches CUDA."""
-    if shutil.which("nvidia-smi"):
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, check=False)
-        if listing.returncode == 0 and "GPU" in listing.stdout:
-            return True
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
-
-
 def _trtllm_version() -> str | None:
     """Installed tensorrt_llm's version, found without importing it (the import needs libcuda)."""
     if importlib.util.find_spec("tensorrt_llm") is None:
@@ -96,7 +85,7 @@ def _trtllm_version() -> str | None:
 def check_gpu_stage_environment() -> None:
     """Raise GpuStageError unless a GPU, `trtllm-build` and TensorRT-LLM 1.2.x are all here."""
     hint = f"run this stage inside {TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {TRTLLM_VERSION}) with --gpus all"
-    if not _gpu_available():
+    if not gpu_available():
         raise GpuStageError(f"no NVIDIA GPU found (nvidia-smi / torch.cuda): trtllm-build needs one; {hint}")
     version = _trtllm_version()
     if version is None:

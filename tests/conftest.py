@@ -36,7 +36,7 @@ def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
     manifest = repo_dir / "repository.json"
     if manifest.is_file():
         return Path(json.loads(manifest.read_text())["tokenizer_dir"])
-    from engine_build.tokenizer_assets import write_llama3_tokenizer
+    from engine_build.assets.tokenizer import write_llama3_tokenizer
 
     return write_llama3_tokenizer(tmp_path_factory.mktemp("tokenizer"))
 
@@ -44,6 +44,6 @@ def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
 @pytest.fixture(scope="session")
 def bundle(tokenizer_dir):
     """The tokenizer bundle every text test shares (loading it takes ~2 s)."""
-    from bls.tokenization import TokenizerBundle
+    from bls.text.tokenizer import TokenizerBundle
 
     return TokenizerBundle.from_dir(tokenizer_dir)

@@ -5,7 +5,7 @@ prompt + continuation once (teacher forcing on the fp32 continuation), and at ev
 - greedy agreement: the AWQ model's argmax equals the fp32 model's;
 - logit error: relative L2 (||awq - fp32|| / ||fp32|| over the position's vocabulary row, averaged over
   positions) and the largest absolute difference anywhere.
-The AWQ model is loaded exactly as the engine serves it: bls.engine.checkpoint.load_checkpoint.
+The AWQ model is loaded exactly as the engine serves it: embedded_engine.checkpoint.load_checkpoint.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from bls.engine.checkpoint import load_checkpoint
-from bls.tokenization import TokenizerBundle
+from embedded_engine.checkpoint import load_checkpoint
+from bls.text.tokenizer import TokenizerBundle
 from engine_build.repository import read_manifest
 from tools.bench_common import BenchContext, Row
 

@@ -8,8 +8,10 @@ text is checked against the non-streamed text of the same request.
 
 from __future__ import annotations
 
+from testkit.http import HttpSession
+from testkit.processes import cpu_seconds
 from tools.bench_common import (
-    BenchContext, HttpSession, LoadRun, Row, StreamTargets, Target, server_cpu_seconds, stream_load, stream_rows,
+    BenchContext, LoadRun, Row, StreamTargets, Target, stream_load, stream_rows,
 )
 
 MODEL = "tensorrt_llm_bls"
@@ -39,7 +41,7 @@ def texts_match(run: LoadRun, rounds: int, references: list[str]) -> bool:
 
 
 def bls_cpu_seconds(server) -> float:
-    return sum(seconds for name, seconds in server_cpu_seconds(server).items() if name.startswith(MODEL))
+    return sum(seconds for name, seconds in cpu_seconds(server.process.pid).items() if name.startswith(MODEL))
 
 
 def long_stream_rows(ctx: BenchContext, label: str, tokens: int, accumulate: bool) -> list[Row]:

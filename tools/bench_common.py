@@ -1,26 +1,24 @@
 """What every benchmark section shares: result rows with targets, variant repositories and their servers,
 a lean HTTP client for timed requests, and small statistics.
 
-The timed client is http.client on one keep-alive connection per thread, and streamed events are only
-timestamped while a stream runs (parsed afterwards): the client shares the box's 2 cores with the server,
-so every microsecond it spends per token is taken from the server being measured.
+The timed client is testkit.http's: one keep-alive connection per thread, events timestamped while a
+stream runs and parsed afterwards.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import http.client
-import json
-import os
-import statistics
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, Sequence, TypeVar
+from typing import Callable, Literal, TypeVar
 
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
-from engine_build.server import TritonServer
+from serving.tritonserver import TritonServer
+from testkit.http import HttpSession
+from testkit.processes import cpu_seconds
+from testkit.stats import percentile
 
 T = TypeVar("T")
 
@@ -76,24 +74,6 @@ def format_value(value: float | bool | None) -> str:
     return f"{value:.3g}"
 
 
-# -- statistics ---------------------------------------------------------------------------------------------
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (q in 0..100): a measured value, never an interpolation."""
-    ordered = sorted(values)
-    rank = max(1, min(len(ordered), round(q / 100 * len(ordered) + 0.5)))
-    return ordered[rank - 1]
-
-
-def median(values: Sequence[float]) -> float:
-    return statistics.median(values)
-
-
-def quarter_means(values: Sequence[float]) -> tuple[float, float]:
-    """Mean of the first and of the last quarter of a per-token series."""
-    quarter = max(1, len(values) // 4)
-    return statistics.fmean(values[:quarter]), statistics.fmean(values[-quarter:])
-
-
 # -- repositories and servers -------------------------------------------------------------------------------
 @dataclass
 class BenchContext:
@@ -144,91 +124,12 @@ class BenchContext:
 
 
 
-# -- lean HTTP client ---------------------------------------------------------------------------------------
-class HttpError(RuntimeError):
-    pass
-
-
-@dataclass
-class StreamTrace:
-    """One generate_stream call: when it was sent, and each SSE data event's arrival time and raw JSON."""
-
-    sent: float
-    arrivals: list[float] = field(default_factory=list)
-    payloads: list[bytes] = field(default_factory=list)
-
-    @property
-    def events(self) -> list[dict]:
-        events = [json.loads(payload) for payload in self.payloads]
-        for event in events:
-            if "error" in event:
-                raise HttpError(f"in-band stream error: {event['error']}")
-        return events
-
-    @property
-    def text(self) -> str:
-        return "".join(event.get("text_output", "") for event in self.events)
-
-    @property
-    def first_event_s(self) -> float:
-        return self.arrivals[0] - self.sent
-
-    @property
-    def duration_s(self) -> float:
-        return self.arrivals[-1] - self.sent
-
-    @property
-    def gaps_s(self) -> list[float]:
-        """Time between consecutive events (the first event's wait is time to first token, not a gap)."""
-        return [b - a for a, b in zip(self.arrivals, self.arrivals[1:])]
-
-
-class HttpSession:
-    """One keep-alive connection (use one per thread)."""
-
-    def __init__(self, http_url: str, timeout_s: float = 300.0):
-        host, _, port = http_url.partition(":")
-        self._connection = http.client.HTTPConnection(host, int(port), timeout=timeout_s)
-
-    def post_json(self, path: str, body: dict) -> dict:
-        response = self._post(path, body)
-        payload = response.read()
-        if response.status != 200:
-            raise HttpError(f"POST {path}: HTTP {response.status}: {payload[:300]!r}")
-        return json.loads(payload)
-
-    def generate(self, model: str, body: dict) -> dict:
-        return self.post_json(f"/v2/models/{model}/generate", body)
-
-    def generate_stream(self, model: str, body: dict,
-                        on_event: Callable[[dict], None] | None = None) -> StreamTrace:
-        """One streamed request; `on_event` (if given) sees each event as it arrives."""
-        trace = StreamTrace(sent=time.perf_counter())
-        response = self._post(f"/v2/models/{model}/generate_stream", body)
-        if response.status != 200:
-            raise HttpError(f"generate_stream {model}: HTTP {response.status}: {response.read()[:300]!r}")
-        while line := response.readline():
-            if line.startswith(b"data:"):
-                trace.arrivals.append(time.perf_counter())
-                trace.payloads.append(line[5:])
-                if on_event is not None:
-                    on_event(json.loads(line[5:]))
-        return trace
-
-    def close(self) -> None:
-        self._connection.close()
-
-    def _post(self, path: str, body: dict) -> http.client.HTTPResponse:
-        self._connection.request("POST", path, json.dumps(body), {"Content-Type": "application/json"})
-        return self._connection.getresponse()
-
-
 @dataclass
 class LoadRun:
     results: list  # every client's results, in order
     wall_s: float  # from the common start to the last client's end
     client_cpu_s: float = 0.0  # CPU time of this (client) process during the run, all threads
-    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see server_cpu_seconds)
+    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see testkit.processes.cpu_seconds)
 
 
 def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]]) -> LoadRun:
@@ -260,30 +161,6 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
     return LoadRun([item for result in results for item in result], wall, client_cpu)
 
 
-def server_cpu_seconds(server: TritonServer) -> dict[str, float]:
-    """CPU seconds so far of tritonserver and of each Python backend stub (named by its model instance),
-    from /proc: where a run's time goes, without a profiler in the way."""
-    tick = os.sysconf("SC_CLK_TCK")
-    root = server.process.pid
-    seconds = {}
-    for stat_file in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            stat = stat_file.read_text()
-            argv = (stat_file.parent / "cmdline").read_bytes().split(b"\0")
-        except OSError:  # the process ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[1] is the parent pid
-        pid, parent = int(stat_file.parent.name), int(fields[1])
-        if pid == root:
-            name = "tritonserver"
-        elif parent == root and argv[0].endswith(b"triton_python_backend_stub"):
-            name = argv[-3].decode()  # ... <instance name, e.g. tensorrt_llm_bls_0_0> DEFAULT ""
-        else:
-            continue
-        seconds[name] = (int(fields[11]) + int(fields[12])) / tick  # utime + stime
-    return seconds
-
-
 # -- streamed load ------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class StreamTargets:
@@ -294,10 +171,10 @@ class StreamTargets:
 def stream_load(server: TritonServer, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
     """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i)).
     The results are in client order: trace j is client j // rounds's."""
-    cpu_before = server_cpu_seconds(server)
+    cpu_before = cpu_seconds(server.process.pid)
     run = run_clients(server.http_url, clients,
                       lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)])
-    cpu_after = server_cpu_seconds(server)
+    cpu_after = cpu_seconds(server.process.pid)
     run.server_cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
     return run
 

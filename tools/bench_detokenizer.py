@@ -1,6 +1,6 @@
 """Section "detokenizer": the per-token cost of streaming detokenization as the output grows.
 
-bls.detokenizer.IncrementalDetokenizer against the re-decode-everything baseline (decode all ids at every
+bls.text.detokenizer.IncrementalDetokenizer against the re-decode-everything baseline (decode all ids at every
 token and emit the new suffix: upstream's accumulate_tokens approach). Each token is pushed alone and timed;
 every position's time is the minimum over a few repetitions (the machine is shared: the minimum is the
 cost, the rest is other processes), then averaged over the first and last quarter of the output.
@@ -16,9 +16,10 @@ from typing import Callable, Protocol
 
 import numpy as np
 
-from bls.detokenizer import IncrementalDetokenizer
-from bls.tokenization import TokenizerBundle
-from tools.bench_common import BenchContext, Row, Target, quarter_means
+from bls.text.detokenizer import IncrementalDetokenizer
+from bls.text.tokenizer import TokenizerBundle
+from testkit.stats import quarter_means
+from tools.bench_common import BenchContext, Row, Target
 
 LENGTHS = (128, 512, 1024, 2048, 4096)
 QUICK_LENGTHS = (128, 1024)

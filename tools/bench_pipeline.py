@@ -8,9 +8,9 @@ import json
 import time
 
 from bls.contract import PREPROCESSING_TO_ENGINE
-from tools.bench_common import (
-    BenchContext, HttpSession, Row, StreamTargets, Target, median, run_clients, stream_load, stream_rows,
-)
+from testkit.http import HttpSession
+from testkit.stats import median
+from tools.bench_common import BenchContext, Row, StreamTargets, Target, run_clients, stream_load, stream_rows
 
 CHAT = json.dumps([{"role": "system", "content": "You are a helpful assistant."},
                    {"role": "user", "content": "What is the capital of France?"}])

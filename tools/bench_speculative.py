@@ -9,7 +9,10 @@ from __future__ import annotations
 import json
 import time
 
-from tools.bench_common import BenchContext, HttpSession, Row, Target, median, server_cpu_seconds
+from testkit.http import HttpSession
+from testkit.processes import cpu_seconds
+from testkit.stats import median
+from tools.bench_common import BenchContext, Row, Target
 
 MODEL = "tensorrt_llm_bls"
 # A chat turn: what an Instruct deployment serves (rendered with the Llama 3 template by preprocessing).
@@ -39,9 +42,9 @@ def run(ctx: BenchContext) -> list[Row]:
     results: dict[int, dict] = {}
     for _ in range(repetitions):
         for draft_tokens in seconds:  # interleaved: load drift hits both alike
-            before = server_cpu_seconds(server)
+            before = cpu_seconds(server.process.pid)
             results[draft_tokens], elapsed = timed_generate(session, draft_tokens, max_tokens)
-            for name, total in server_cpu_seconds(server).items():
+            for name, total in cpu_seconds(server.process.pid).items():
                 cpu[draft_tokens][name] = cpu[draft_tokens].get(name, 0.0) + total - before.get(name, 0.0)
             if results[draft_tokens]["num_output_tokens"] != max_tokens:
                 raise RuntimeError(f"num_draft_tokens {draft_tokens}: {results[draft_tokens]['num_output_tokens']} "

@@ -92,7 +92,7 @@ def grpc_endpoint(url: str | None, repo: Path, log_path: Path) -> Iterator[str]:
     if url:
         yield url
         return
-    from engine_build.server import TritonServer
+    from serving.tritonserver import TritonServer
 
     if not (repo / "ensemble").is_dir():
         raise SystemExit(f"{repo} is not a built model repository: run `make repo` or give --url")

@@ -16,7 +16,6 @@ memory grew after warm-up beyond the thresholds (see MemoryLimits).
 from __future__ import annotations
 
 import argparse
-import http.client
 import json
 import os
 import queue
@@ -29,12 +28,16 @@ import urllib.request
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
-from engine_build.server import TritonServer, is_ready
-from tests.integration.client import grpc_stream
+from serving.tritonserver import TritonServer, is_ready
+from testkit.grpc import grpc_stream
+from testkit.http import HttpSession, Hung
+from testkit.metrics import metric_values
+from testkit.processes import find_server_pid, rss_bytes, shm_files, triton_processes
+from testkit.stats import percentile
 
 BLS = "tensorrt_llm_bls"
 ENSEMBLE = "ensemble"
@@ -52,30 +55,6 @@ class Outcome:
     inter_token_s: list[float] = field(default_factory=list)
 
 
-class Hung(Exception):
-    """No response within the per-request timeout."""
-
-
-# ---- clients ---------------------------------------------------------------------------------------
-
-def sse_events(http_url: str, model: str, body: dict, timeout: float) -> Iterator[tuple[float, dict]]:
-    """(arrival time, event) of each generate_stream event. Closing the generator closes the connection,
-    which is how an HTTP client disconnects mid-stream."""
-    host, port = http_url.rsplit(":", 1)
-    connection = http.client.HTTPConnection(host, int(port), timeout=timeout)
-    try:
-        connection.request("POST", f"/v2/models/{model}/generate_stream", json.dumps(body),
-                           {"Content-Type": "application/json"})
-        for raw in connection.getresponse():
-            line = raw.strip()
-            if line.startswith(b"data:"):
-                yield time.monotonic(), json.loads(line[len(b"data:"):])
-    except TimeoutError as error:
-        raise Hung(f"no event within {timeout:.0f} s") from error
-    finally:
-        connection.close()
-
-
 def _timed(workload: str, started: float, arrivals: list[float]) -> Outcome:
     gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
     return Outcome(workload, "ok", ttft_s=arrivals[0] - started if arrivals else None, inter_token_s=gaps)
@@ -83,10 +62,12 @@ def _timed(workload: str, started: float, arrivals: list[float]) -> Outcome:
 
 def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: int | None = None):
     def run(target: "Target", timeout: float) -> Outcome:
-        started, arrivals = time.monotonic(), []
-        events = sse_events(target.http, model, body, timeout)
+        started, arrivals = time.perf_counter(), []
+        session = HttpSession(target.http, timeout)
+        events = session.stream_events(model, body)
         try:
-            for arrival, event in events:
+            for arrival, payload in events:
+                event = json.loads(payload)
                 if "error" in event:
                     return Outcome(workload, "unexpected_error", event["error"])
                 if event.get("text_output") and "finish_reason" not in event:  # token events, not the summary
@@ -95,6 +76,7 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
                     return Outcome(workload, "cancelled", ttft_s=arrivals[0] - started)
         finally:
             events.close()
+            session.close()
         if disconnect_after is not None:
             return Outcome(workload, "unexpected_error", "stream ended before the client disconnected")
         return _timed(workload, started, arrivals)
@@ -199,61 +181,6 @@ class Target:
     server_pid: int
 
 
-def _read(path: str) -> str:
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read()
-
-
-def find_server_pid(http_port: int) -> int:
-    """The local tritonserver listening on `http_port` (its command line names the port; 8000 is the default)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = _read(f"/proc/{pid}/cmdline").split("\0")
-        except OSError:
-            continue
-        if not args[0].endswith("tritonserver"):
-            continue
-        ports = [a.split("=", 1)[1] for a in args if a.startswith("--http-port=")]
-        if ports == [str(http_port)] or (not ports and http_port == 8000):
-            return int(pid)
-    raise SystemExit(f"no local tritonserver process with --http-port={http_port}: RSS cannot be read")
-
-
-def triton_processes(server_pid: int) -> dict[str, int]:
-    """'tritonserver' and one entry per Python backend stub (named by model instance) -> pid."""
-    processes = {"tritonserver": server_pid}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            stat = _read(f"/proc/{pid}/stat")
-            args = _read(f"/proc/{pid}/cmdline").split("\0")
-        except OSError:
-            continue
-        parent = int(stat.rsplit(")", 1)[1].split()[1])
-        # stub argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir ipc_size instance ...
-        if parent == server_pid and args[0].endswith("triton_python_backend_stub") and len(args) > 8:
-            processes[args[8]] = int(pid)
-    return processes
-
-
-def rss_bytes(pid: int) -> int:
-    for line in _read(f"/proc/{pid}/status").splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def shm_files(pids: list[int]) -> set[str]:
-    files = set()
-    for pid in pids:
-        try:
-            maps = _read(f"/proc/{pid}/maps")
-        except OSError:
-            continue
-        files.update(line.split(None, 5)[5] for line in maps.splitlines()
-                     if len(line.split(None, 5)) == 6 and line.split(None, 5)[5].startswith("/dev/shm/"))
-    return files
-
-
 @dataclass
 class MemorySnapshot:
     label: str
@@ -269,11 +196,8 @@ class MemorySnapshot:
     def take(cls, label: str, server_pid: int) -> "MemorySnapshot":
         processes = triton_processes(server_pid)
         rss = {}
-        for name, pid in processes.items():
-            try:
-                rss[name] = rss_bytes(pid)
-            except OSError:
-                rss[name] = 0  # the process is gone: reported, and the stub check below fails the run
+        for name, process in processes.items():
+            rss[name] = rss_bytes(process)  # 0 when the process is gone: reported, and the run fails on it
         shm = 0
         for path in shm_files(list(processes.values())):
             try:
@@ -310,16 +234,6 @@ class MemoryLimits:
         return problems
 
 
-def metric_values(metrics_url: str, name: str) -> dict[str, float]:
-    """model label -> value of one metric family."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as response:
-        text = response.read().decode()
-    values = {}
-    for match in re.finditer(rf'^{name}\{{[^}}]*model="([^"]+)"[^}}]*\}} (\S+)$', text, re.MULTILINE):
-        values[match.group(1)] = float(match.group(2))
-    return values
-
-
 def wait_engines_idle(metrics_url: str, timeout_s: float) -> dict[str, float]:
     """Engine sequences (active + queued) per engine model once zero, or what is left at the timeout."""
     deadline = time.monotonic() + timeout_s
@@ -333,10 +247,6 @@ def wait_engines_idle(metrics_url: str, timeout_s: float) -> dict[str, float]:
 
 
 # ---- the run ---------------------------------------------------------------------------------------------
-
-def percentile(values: list[float], q: float) -> float | None:
-    return float(np.percentile(values, q)) if values else None
-
 
 @dataclass
 class Report:
@@ -420,8 +330,8 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
         outcomes={name: dict(counts) for name, counts in sorted(by_workload.items())},
         error_classes={kind: dict(counts.most_common()) for kind, counts in classes.items()},
         latency_ms={
-            "ttft_p50": _ms(percentile(ttft, 50)), "ttft_p99": _ms(percentile(ttft, 99)),
-            "itl_p50": _ms(percentile(itl, 50)), "itl_p99": _ms(percentile(itl, 99)),
+            "ttft_p50": _ms(_percentile(ttft, 50)), "ttft_p99": _ms(_percentile(ttft, 99)),
+            "itl_p50": _ms(_percentile(itl, 50)), "itl_p99": _ms(_percentile(itl, 99)),
             "ttft_samples": len(ttft), "itl_samples": len(itl),
         },
         memory=snapshots,
@@ -429,6 +339,10 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
         server_alive=server_alive(),
         failures=failures,
     )
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    return percentile(values, q) if values else None
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine_build.server import TritonServer, is_ready
+from serving.tritonserver import TritonServer, is_ready
 
 
 @dataclass(frozen=True)

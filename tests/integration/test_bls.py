@@ -14,7 +14,9 @@ import time
 import numpy as np
 import pytest
 
-from tests.integration.client import HttpError, generate, generate_stream, grpc_stream
+from testkit.grpc import grpc_stream
+from testkit.http import HttpError, generate, generate_stream
+from testkit.metrics import metric_value
 from tests.integration.test_text import strings
 
 BLS = "tensorrt_llm_bls"
@@ -109,10 +111,7 @@ def test_speculative_with_batch_of_two(endpoint):
 
 
 def _engine_metric(endpoint, name: str, model: str) -> float:
-    for line in endpoint.metrics_text().splitlines():
-        if line.startswith(name + "{") and f'model="{model}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} not found")
+    return metric_value(endpoint.metrics, name, model)
 
 
 def test_client_disconnect_stops_the_engine(endpoint):

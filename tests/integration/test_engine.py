@@ -16,7 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.integration.client import HttpError, generate, grpc_stream
+from testkit.grpc import grpc_stream
+from testkit.http import HttpError, generate
+from testkit.metrics import metric_value
 
 ENGINE = "tensorrt_llm"
 OUTPUTS = ["output_ids", "sequence_length"]
@@ -51,7 +53,7 @@ def reference_model(endpoint):
     """The weights the embedded engine serves, loaded by transformers (skipped for a real TRT-LLM engine)."""
     if endpoint.model_config(ENGINE).get("backend") != "python":
         pytest.skip("greedy reference needs the embedded engine's checkpoint")
-    from bls.engine.checkpoint import load_checkpoint
+    from embedded_engine.checkpoint import load_checkpoint
 
     return load_checkpoint(Path(endpoint.model_parameter(ENGINE, "checkpoint_dir"))).model
 
@@ -123,10 +125,7 @@ def test_log_probs_and_logits_shapes(endpoint, prompt, bundle):
 
 
 def _metric(endpoint, name: str) -> float:
-    for line in endpoint.metrics_text().splitlines():
-        if line.startswith(name + "{") and f'model="{ENGINE}"' in line:
-            return float(line.rsplit(" ", 1)[1])
-    raise AssertionError(f"{name} metric not found")
+    return metric_value(endpoint.metrics, name, ENGINE)
 
 
 def test_draft_tokens_are_verified(endpoint, prompt, reference_model):

@@ -21,9 +21,11 @@ import numpy as np
 import pytest
 
 from engine_build.repository import RepositorySettings, assemble_repository
-from engine_build.server import TritonServer, server_command, server_environment
-from tests.integration.client import HttpError, generate, generate_stream, grpc_stream
-from tools.soak import metric_values
+from serving.tritonserver import TritonServer, server_command, server_environment
+from testkit.grpc import grpc_stream
+from testkit.http import HttpError, generate, generate_stream
+from testkit.metrics import metric_values
+from testkit.processes import stub_process
 
 BLS = "tensorrt_llm_bls"
 ENGINE = "tensorrt_llm"
@@ -61,16 +63,8 @@ def http_status(http_url: str, path: str) -> int:
 
 
 def stub_pid(server: TritonServer, model: str) -> int:
-    """The Python backend stub of `model`'s first instance (argv[8] is the instance name)."""
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-        except OSError:
-            continue
-        if args[0].endswith("triton_python_backend_stub") and len(args) > 8 and args[8] == f"{model}_0_0" \
-                and args[5] == str(server.process.pid):
-            return int(pid)
-    raise AssertionError(f"no stub process for {model}")
+    """The Python backend stub of `model`'s first instance."""
+    return stub_process(server.process.pid, f"{model}_0_0").pid
 
 
 def still_serves(server: TritonServer) -> bool:

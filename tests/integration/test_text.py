@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from tests.integration.client import HttpError, generate, generate_stream, grpc_stream, tensor
+from testkit.grpc import grpc_stream, tensor
+from testkit.http import HttpError, generate, generate_stream
 
 CONVERSATION = [
     {"role": "system", "content": "You are terse."},
@@ -189,7 +190,6 @@ def test_ensemble_errors(endpoint, body, field):
 def test_preprocessing_and_postprocessing_over_grpc(endpoint, bundle):
     import tritonclient.grpc as grpcclient
 
-    from tests.integration.client import tensor
 
     client = grpcclient.InferenceServerClient(endpoint.grpc)
     pre = client.infer("preprocessing", [tensor("QUERY", strings("Grüße aus Köln")),

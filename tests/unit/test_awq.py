@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from bls.engine.checkpoint import CheckpointError, load_checkpoint
+from embedded_engine.checkpoint import CheckpointError, load_checkpoint
 from engine_build import quantize
 from engine_build.quantize import QuantizationError, quantize_awq, read_calibration_texts
-from engine_build.tiny_models import TinyLlamaShape, tiny_llama_weights, write_hf_checkpoint, write_tiny_models
+from engine_build.assets.tiny_models import TinyLlamaShape, tiny_llama_weights, write_hf_checkpoint, write_tiny_models
 
 GROUP = 128
 LLAMA31_ROPE_SCALING = {

@@ -7,8 +7,8 @@ import random
 import pytest
 from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
-from bls.detokenizer import IncrementalDetokenizer
-from bls.tokenization import TokenizerBundle
+from bls.text.detokenizer import IncrementalDetokenizer
+from bls.text.tokenizer import TokenizerBundle
 
 EOT = 128009
 TEXTS = [

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from bls.contract import TENSORRT_LLM
-from bls.engine.request import EngineLimits, is_stop_request, parse_generation_requests
+from embedded_engine.request import EngineLimits, is_stop_request, parse_generation_requests
 from bls.errors import InvalidRequest
 
 LIMITS = EngineLimits(vocab_size=1000, max_seq_len=64, max_draft_len=4)
@@ -135,9 +135,9 @@ def test_required_inputs(missing):
 
 
 def test_every_unsupported_contract_input_is_rejected_by_name():
-    from bls.contract import EMBEDDED_ENGINE_SUPPORTED_INPUTS
+    from embedded_engine.request import SUPPORTED_INPUTS
 
-    unsupported = [s.name for s in TENSORRT_LLM.inputs if s.name not in EMBEDDED_ENGINE_SUPPORTED_INPUTS]
+    unsupported = [s.name for s in TENSORRT_LLM.inputs if s.name not in SUPPORTED_INPUTS]
     assert "lora_task_id" in unsupported
     for name in unsupported:
         rejects(base_inputs(**{name: np.array([1], np.int32)}), name, "not supported by the embedded engine")

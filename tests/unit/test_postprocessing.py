@@ -7,8 +7,7 @@ import pytest
 
 from bls.contract import POSTPROCESSING
 from bls.errors import InvalidRequest
-from bls.postprocessing import Postprocessor
-from bls.tokenization import TokenizerBundle
+from bls.text.postprocessing import Postprocessor
 
 EOT, PAD = 128009, 128004
 ANSWER = "Bonjour ! 😀 東京 , ça va ."

@@ -1,6 +1,6 @@
 """The store behind KV-cache reuse: longest-prefix lookup, exclusivity, bounds (engine-level tests: test_scheduler)."""
 
-from bls.engine.prefix_cache import PrefixCache, PrefixCacheLimits
+from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
 
 
 def test_miss_when_empty_or_nothing_shared():

@@ -6,11 +6,11 @@ import json
 
 import numpy as np
 import pytest
+from tritonclient.utils import triton_to_np_dtype
 
 from bls.contract import PREPROCESSING
 from bls.errors import InvalidRequest
-from bls.preprocessing import Preprocessor
-from bls.tokenization import TokenizerBundle
+from bls.text.preprocessing import Preprocessor
 
 BOS, END_OF_TEXT, EOT, PAD = 128000, 128001, 128009, 128004
 
@@ -38,7 +38,7 @@ def request(query=None, messages=None, output_len=16, batch=1, **extra) -> dict[
 def check_contract(outputs: dict[str, np.ndarray], batch: int) -> None:
     for name, array in outputs.items():
         spec = PREPROCESSING.output(name)
-        assert array.dtype == spec.numpy_dtype, name
+        assert array.dtype == triton_to_np_dtype(spec.data_type.removeprefix("TYPE_").replace("STRING", "BYTES")), name
         assert array.shape[0] == batch and array.ndim == len(spec.dims) + 1, name
         for size, dim in zip(array.shape[1:], spec.dims):
             assert dim == -1 or size == dim, name

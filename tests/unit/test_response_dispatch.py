@@ -4,10 +4,10 @@ import threading
 
 import numpy as np
 
-from bls.engine.request import GenerationRequest
-from bls.engine.responses import ResponseDispatcher, TritonRequestStream, merge_events
-from bls.engine.sampling import SamplingParams
-from bls.engine.scheduler import EngineEvent
+from embedded_engine.request import GenerationRequest
+from embedded_engine.responses import ResponseDispatcher, TritonRequestStream, merge_events
+from embedded_engine.sampling import SamplingParams
+from embedded_engine.scheduler import EngineEvent
 
 
 def request(streaming=True, **kw) -> GenerationRequest:

@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from bls.engine.sampling import SamplingParams, TokenSampler
-from bls.engine.stopping import WordList
+from embedded_engine.sampling import SamplingParams, TokenSampler
+from bls.word_lists import WordList
 
 VOCAB = 32
 

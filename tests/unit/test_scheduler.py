@@ -8,12 +8,13 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from bls.engine.prefix_cache import PrefixCacheLimits
-from bls.engine.request import EngineLimits, parse_generation_requests
-from bls.engine.responses import TritonRequestStream
-from bls.engine.scheduler import Engine, EngineSettings, EngineShutDown, HFModelRunner, build_engine
-from bls.engine.stopping import FINISH_CANCELLED, FINISH_END_ID, FINISH_LENGTH, FINISH_STOP_WORDS
-from bls.engine.synthetic import TEXT_CYCLE, SyntheticRunner
+from embedded_engine.prefix_cache import PrefixCacheLimits
+from embedded_engine.request import EngineLimits, parse_generation_requests
+from embedded_engine.responses import TritonRequestStream
+from embedded_engine.scheduler import Engine, EngineShutDown, HFModelRunner, build_engine
+from embedded_engine.settings import EngineSettings
+from bls.finish_reason import FinishReason
+from embedded_engine.synthetic import TEXT_CYCLE, SyntheticRunner
 
 VOCAB = 256
 LIMITS = EngineLimits(VOCAB, max_seq_len=128, max_draft_len=4)
@@ -90,7 +91,7 @@ def test_greedy_output_equals_model_generate_for_concurrent_requests(model, engi
     for prompt, collector in zip(PROMPTS, collectors):
         collector.wait()
         assert collector.tokens == greedy(model, prompt, 12)
-        assert collector.final.finish_reason == FINISH_LENGTH
+        assert collector.final.finish_reason == FinishReason.LENGTH
         assert all(len(e.token_ids) == 1 for e in collector.events)  # streaming granularity: one token per step
     # In-flight batching: the second sequence starts before the first finishes, then they alternate.
     last_of_first = len(order) - 1 - order[::-1].index(0)
@@ -106,7 +107,7 @@ def test_end_id_stops_without_the_end_token(model, engine):
     engine.submit(make_request(PROMPTS[0], 12, end_id=np.array([end_id], np.int32)), collector)
     collector.wait()
     assert collector.tokens == expected[:first]
-    assert collector.final.finish_reason == FINISH_END_ID
+    assert collector.final.finish_reason == FinishReason.END_ID
     assert greedy(model, PROMPTS[0], 12, eos=end_id) == expected[: first + 1]  # generate keeps the eos
 
 
@@ -117,7 +118,7 @@ def test_stop_words_stay_in_the_output(model, engine):
     engine.submit(make_request(PROMPTS[0], 12, stop_words_list=stop), collector)
     collector.wait()
     assert collector.tokens == expected[:5]
-    assert collector.final.finish_reason == FINISH_STOP_WORDS
+    assert collector.final.finish_reason == FinishReason.STOP_WORDS
 
 
 def test_requests_beyond_max_active_wait_in_the_queue(model):
@@ -149,9 +150,9 @@ def test_cancel_by_request_id_ends_running_and_queued_sequences():
         engine.submit(make_request([1, 2], 1000, "victim", limits=engine.limits), queued)
         engine.submit(make_request([1, 2], 5, "other", limits=engine.limits), other)
         running.wait(), queued.wait(), other.wait()
-        assert len(running.tokens) == 3 and running.final.finish_reason == FINISH_CANCELLED
-        assert queued.tokens == [] and queued.final.finish_reason == FINISH_CANCELLED
-        assert len(other.tokens) == 5 and other.final.finish_reason == FINISH_LENGTH
+        assert len(running.tokens) == 3 and running.final.finish_reason == FinishReason.CANCELLED
+        assert queued.tokens == [] and queued.final.finish_reason == FinishReason.CANCELLED
+        assert len(other.tokens) == 5 and other.final.finish_reason == FinishReason.LENGTH
         assert engine.cancel("nobody") == 0
     finally:
         engine.shutdown()
@@ -183,7 +184,7 @@ def test_client_disconnect_stops_work_at_once(model):
         collector = Collector(on_each=lambda c, e: len(c.events) == 2 and disconnected.set())
         engine.submit(make_request(PROMPTS[0], 50), collector, is_cancelled=disconnected.is_set)
         collector.wait()
-        assert len(collector.tokens) == 2 and collector.final.finish_reason == FINISH_CANCELLED
+        assert len(collector.tokens) == 2 and collector.final.finish_reason == FinishReason.CANCELLED
         assert runner.forwards == 2  # no step after the disconnect was seen
     finally:
         engine.shutdown()
@@ -203,7 +204,7 @@ def test_a_failing_request_does_not_hurt_the_others(model):
 
         broken = Collector(on_each=explode)
         engine.submit(make_request(PROMPTS[0], 50, "broken"), broken)
-        assert broken.wait().final.finish_reason == FINISH_CANCELLED  # the failing callback cancels only its own
+        assert broken.wait().final.finish_reason == FinishReason.CANCELLED  # the failing callback cancels only its own
         after = Collector()
         engine.submit(make_request(PROMPTS[0], 3, "after"), after)
         assert after.wait().tokens == greedy(model, PROMPTS[0], 3)
@@ -372,7 +373,7 @@ def test_a_cancelled_request_parks_a_cache_that_its_continuation_reuses(model):
         disconnected = threading.Event()
         cancelled = Collector(on_each=lambda c, e: len(c.events) == 3 and disconnected.set())
         engine.submit(make_request(PROMPTS[0], 50), cancelled, is_cancelled=disconnected.is_set)
-        assert cancelled.wait().final.finish_reason == FINISH_CANCELLED
+        assert cancelled.wait().final.finish_reason == FinishReason.CANCELLED
         continued = PROMPTS[0] + cancelled.tokens
         prefill, tokens = prefill_of_next_request(runner, engine, continued, 6)
         assert prefill == (len(continued) - 1, 1)

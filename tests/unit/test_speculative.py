@@ -5,11 +5,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from bls.engine.request import EngineLimits, parse_generation_requests
-from bls.engine.sampling import SamplingParams, TokenSampler
-from bls.engine.scheduler import Engine, HFModelRunner
-from bls.engine.speculative import accept_tokens
-from bls.engine.stopping import FINISH_END_ID, FINISH_LENGTH, FINISH_STOP_WORDS, StopCriteria, WordList
+from embedded_engine.request import EngineLimits, parse_generation_requests
+from embedded_engine.sampling import SamplingParams, TokenSampler
+from embedded_engine.scheduler import Engine, HFModelRunner
+from embedded_engine.draft_verification import accept_tokens
+from bls.finish_reason import FinishReason
+from bls.word_lists import WordList
+from embedded_engine.stopping import StopCriteria
 
 VOCAB = 50
 PROMPT = [1, 2, 3]
@@ -58,17 +60,17 @@ def test_plain_decode_is_a_step_without_drafts():
 
 def test_end_id_inside_the_accepted_run_truncates_without_the_end_token():
     step = verify(choices=[7, 2, 9, 10], draft=[7, 2, 9], end_id=2)
-    assert (step.token_ids, step.finish_reason) == ([7], FINISH_END_ID)
+    assert (step.token_ids, step.finish_reason) == ([7], FinishReason.END_ID)
 
 
 def test_stop_word_inside_the_run_truncates_after_the_stop_word():
     step = verify(choices=[7, 8, 9, 10], draft=[7, 8, 9], stop_words=WordList(((7, 8),)))
-    assert (step.token_ids, step.finish_reason, step.accepted_drafts) == ([7, 8], FINISH_STOP_WORDS, 2)
+    assert (step.token_ids, step.finish_reason, step.accepted_drafts) == ([7, 8], FinishReason.STOP_WORDS, 2)
 
 
 def test_token_limit_inside_the_run_truncates():
     step = verify(choices=[7, 8, 9, 10], draft=[7, 8, 9], max_new_tokens=2)
-    assert (step.token_ids, step.finish_reason) == ([7, 8], FINISH_LENGTH)
+    assert (step.token_ids, step.finish_reason) == ([7, 8], FinishReason.LENGTH)
 
 
 # ---- through the engine with a real (small, random) Llama ------------------------------------------
@@ -129,7 +131,7 @@ def test_verification_keeps_greedy_output_and_the_cache_consistent(model, engine
     assert events[0].accepted_draft_tokens == 2
     # Decoding goes on after the rejected draft: the cache was cropped to the accepted tokens.
     assert [t for e in events for t in e.token_ids] == expected
-    assert events[-1].finish_reason == FINISH_LENGTH
+    assert events[-1].finish_reason == FinishReason.LENGTH
 
 
 def test_fully_accepted_draft_finishes_in_one_step_like_the_bls_target_call(model, engine):
@@ -138,4 +140,4 @@ def test_fully_accepted_draft_finishes_in_one_step_like_the_bls_target_call(mode
     assert len(events) == 1
     assert events[0].token_ids == expected
     assert events[0].accepted_draft_tokens == 4
-    assert events[0].finished and events[0].finish_reason == FINISH_LENGTH
+    assert events[0].finished and events[0].finish_reason == FinishReason.LENGTH

@@ -9,7 +9,8 @@ tests.
 import numpy as np
 import pytest
 
-from bls.speculative_decoding import DraftTargetDecoder, truncate_at_stop_word, word_sequences
+from bls.generation.draft_target import DraftTargetDecoder
+from bls.word_lists import WordList
 
 END_ID = 2
 
@@ -118,11 +119,11 @@ def test_stop_word_spanning_two_rounds_is_found():
 def test_word_sequences_uses_offsets_not_rows():
     # two words [10, 11] and [12]; upstream's bug compared the offsets row as if it were a word
     words = np.array([[[10, 11, 12], [2, 3, -1]]], dtype=np.int32)
-    assert word_sequences(words) == [[10, 11], [12]]
-    assert word_sequences(np.array([[[0], [-1]]], dtype=np.int32)) == []
+    assert WordList.from_tensor("stop_words_list", words).words == ((10, 11), (12,))
+    assert WordList.from_tensor("stop_words_list", np.array([[[0], [-1]]], dtype=np.int32)).words == ()
 
 
 def test_truncate_at_stop_word():
-    assert truncate_at_stop_word([1, 2], [3, 4, 5], [[2, 3]]) == ([3], True)
-    assert truncate_at_stop_word([1], [3, 4, 5], [[4]]) == ([3, 4], True)
-    assert truncate_at_stop_word([1], [3, 4, 5], [[9]]) == ([3, 4, 5], False)
+    assert WordList(((2, 3),)).truncate_after_first([1, 2], [3, 4, 5]) == ([3], True)
+    assert WordList(((4,),)).truncate_after_first([1], [3, 4, 5]) == ([3, 4], True)
+    assert WordList(((9,),)).truncate_after_first([1], [3, 4, 5]) == ([3, 4, 5], False)

@@ -1,7 +1,9 @@
 import numpy as np
 import pytest
 
-from bls.engine.stopping import FINISH_LENGTH, FINISH_STOP_WORDS, StopCriteria, WordList
+from bls.finish_reason import FinishReason
+from bls.word_lists import WordList
+from embedded_engine.stopping import StopCriteria
 from bls.errors import InvalidRequest
 
 VOCAB = 100
@@ -68,6 +70,6 @@ def test_stop_criteria_reasons():
     assert criteria.is_end(2) and not criteria.is_end(3)
     prompt_len = 2
     assert criteria.reason_after_append([1, 1, 8], prompt_len) is None
-    assert criteria.reason_after_append([1, 1, 8, 9], prompt_len) == FINISH_STOP_WORDS
-    assert criteria.reason_after_append([1, 1, 4, 4, 4], prompt_len) == FINISH_LENGTH
+    assert criteria.reason_after_append([1, 1, 8, 9], prompt_len) == FinishReason.STOP_WORDS
+    assert criteria.reason_after_append([1, 1, 4, 4, 4], prompt_len) == FinishReason.LENGTH
     assert not StopCriteria(None, WordList(), 5).is_end(0)

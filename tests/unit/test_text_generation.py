@@ -1,4 +1,4 @@
-"""bls.text_generation with the real tokenizer and an in-process stand-in for the child models.
+"""bls.generation.generator with the real tokenizer and an in-process stand-in for the child models.
 
 The stand-in preprocesses with the real Preprocessor, "generates" a fixed token script (streamed one token
 per response, like the engine) and postprocesses with the real Postprocessor; the real models are covered
@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bls.errors import InvalidRequest
-from bls.postprocessing import Postprocessor
-from bls.preprocessing import Preprocessor
-from bls.text_generation import BlsConfig, TextGenerator, TextRequest
+from bls.text.postprocessing import Postprocessor
+from bls.text.preprocessing import Preprocessor
+from bls.generation.generator import BlsConfig, TextGenerator, TextRequest
 
 # Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
 SCRIPT_TEXT = "Hi é 🙂 世界 done"

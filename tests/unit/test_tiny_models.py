@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from engine_build.tiny_models import DRAFT_LAYERS, write_tiny_models
+from engine_build.assets.tiny_models import DRAFT_LAYERS, write_tiny_models
 
 TARGET_LAYERS = 16
 

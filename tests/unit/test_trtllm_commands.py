@@ -79,7 +79,7 @@ def test_inconsistent_lengths_are_rejected():
 
 
 def test_build_without_gpu_fails_clearly(monkeypatch, tmp_path):
-    monkeypatch.setattr(trtllm, "_gpu_available", lambda: False)
+    monkeypatch.setattr(trtllm, "gpu_available", lambda: False)
     with pytest.raises(GpuStageError, match="no NVIDIA GPU") as error:
         run_trtllm_build(tmp_path, tmp_path / "out", **SIZES)
     assert trtllm.TRITON_TRTLLM_CONTAINER in str(error.value)
@@ -87,7 +87,7 @@ def test_build_without_gpu_fails_clearly(monkeypatch, tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorrt_llm") is not None, reason="tensorrt_llm is installed")
 def test_build_without_tensorrt_llm_fails_clearly(monkeypatch, tmp_path):
-    monkeypatch.setattr(trtllm, "_gpu_available", lambda: True)  # pretend a GPU: the next check must fire
+    monkeypatch.setattr(trtllm, "gpu_available", lambda: True)  # pretend a GPU: the next check must fire
     with pytest.raises(GpuStageError, match="tensorrt_llm is not installed"):
         run_trtllm_build(tmp_path, tmp_path / "out", **SIZES)
 

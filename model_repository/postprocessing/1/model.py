@@ -1,10 +1,10 @@
-"""postprocessing: thin Triton adapter over bls.postprocessing.Postprocessor."""
+"""postprocessing: thin Triton adapter over bls.text.postprocessing.Postprocessor."""
 
 import json
 
 from bls.contract import POSTPROCESSING
-from bls.postprocessing import Postprocessor
-from bls.tokenization import TokenizerBundle
+from bls.text.postprocessing import Postprocessor
+from bls.text.tokenizer import TokenizerBundle
 from bls.triton_io import model_parameters, parse_bool, respond_to_each
 
 MODEL = "postprocessing"

@@ -1,10 +1,10 @@
-"""preprocessing: thin Triton adapter over bls.preprocessing.Preprocessor."""
+"""preprocessing: thin Triton adapter over bls.text.preprocessing.Preprocessor."""
 
 import json
 
 from bls.contract import PREPROCESSING
-from bls.preprocessing import Preprocessor
-from bls.tokenization import TokenizerBundle
+from bls.text.preprocessing import Preprocessor
+from bls.text.tokenizer import TokenizerBundle
 from bls.triton_io import model_parameters, parse_bool, respond_to_each
 
 MODEL = "preprocessing"

@@ -1,15 +1,17 @@
-"""tensorrt_llm_bls: thin Triton adapter over bls.text_generation.
+"""tensorrt_llm_bls: thin Triton adapter over bls.generation.generator.
 
 Each request is served on a worker thread: Triton 2.51's child-stream iterator blocks the thread that
 iterates it, so an asyncio loop would serve one stream at a time. One instance serves many requests.
 """
 
 import json
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from bls.contract import TENSORRT_LLM_BLS
-from bls.text_generation import BlsConfig, GenerationObserver, TextGenerator, TextRequest
-from bls.tokenization import TokenizerBundle
+from bls.finish_reason import REPORTED_FINISH_REASONS
+from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest
+from bls.text.tokenizer import TokenizerBundle
 from bls.triton_io import ChildModels, Metrics, SafeSender, model_parameters, parse_bool, read_inputs
 
 MODEL = "tensorrt_llm_bls"
@@ -45,13 +47,13 @@ class TritonPythonModel:
         accepted = self.metrics.counter("llm_bls_accepted_draft_tokens_total", "Draft tokens accepted", labels)
         finished = {
             reason: self.metrics.counter("llm_bls_requests_total", "Finished generations by finish reason",
-                                         {**labels, "finish_reason": reason})
-            for reason in ("stop", "length", "cancelled")
+                                         {**labels, "finish_reason": reason.value})
+            for reason in REPORTED_FINISH_REASONS
         }
 
         def on_finished(result):
             output_tokens.increment(len(result.token_ids))
-            finished[result.finish_reason].increment()
+            finished[result.finish_reason.reported].increment()
             if result.speculation is not None:
                 draft_tokens.increment(result.speculation.draft_tokens)
                 accepted.increment(result.speculation.accepted_tokens)
@@ -59,14 +61,16 @@ class TritonPythonModel:
         return GenerationObserver(on_first_token=first_token.observe, on_finished=on_finished)
 
     def execute(self, requests):
+        arrived = time.monotonic()
         for request in requests:
-            self.workers.submit(self._serve, request, SafeSender(request, MODEL))
+            self.workers.submit(self._serve, request, SafeSender(request, MODEL), arrived)
         return None
 
-    def _serve(self, request, sender):
+    def _serve(self, request, sender, arrived):
         try:
             inputs = read_inputs(request, TENSORRT_LLM_BLS)
-            self.generator.generate(TextRequest.from_inputs(inputs, self.config, request.request_id()), sender)
+            request = TextRequest.from_inputs(inputs, self.config, request.request_id())
+            self.generator.generate(request, sender, arrived)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
             sender.send_error(error)
 

@@ -8,10 +8,11 @@ greedy sampling the output is therefore the target's own greedy output.
 Cost of a round: the draft runs k decode steps and the target one forward over k+1 tokens. Both are new
 engine requests carrying the whole sequence (4 bytes a token); the engines reuse the KV cache of the
 previous round's sequence (TensorRT-LLM: enable_kv_cache_reuse; the embedded engine: its prefix cache),
-so neither re-runs the prompt. The end of generation is detected without an extra round: a target that
-fills to k+1 returns fewer only when it stopped (end_id or a stop word); one that returns right after the
-verification step (j accepted + 1) does so as well when it returns any other count. Both engine behaviours
-are handled, so the loop does not depend on which one a TensorRT-LLM version has.
+so neither re-runs the prompt. The end of generation is mostly detected without an extra round: a target
+that fills to k+1 returns fewer only when it stopped (end_id or a stop word). A target that returns right
+after the verification step (j accepted + 1) shows a stop only by returning another count; when it stops
+at exactly j + 1 tokens, one more round runs and finds the end (it returns no token). Both engine
+behaviours are handled, so the loop does not depend on which one a TensorRT-LLM version has.
 """
 
 from __future__ import annotations
@@ -20,6 +21,10 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Protocol
 
 import numpy as np
+
+from bls.finish_reason import FinishReason
+from bls.token_ids import common_prefix_length
+from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
 OUTPUTS = ("output_ids", "sequence_length")
@@ -40,40 +45,11 @@ class SpeculationStats:
     draft_tokens: int = 0
     accepted_tokens: int = 0
     rounds: int = 0
-    finish_reason: str = "length"
+    finish_reason: FinishReason = FinishReason.LENGTH
 
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
-
-
-def word_sequences(word_list: np.ndarray | None) -> list[list[int]]:
-    """[.., 2, N] word list (ids row, end offsets padded with -1) -> token sequences."""
-    if word_list is None or word_list.size == 0:
-        return []
-    ids, offsets = word_list.reshape(2, -1)
-    words, start = [], 0
-    for end in offsets:
-        if end < 0:
-            break
-        if end > start:
-            words.append(ids[start:end].tolist())
-        start = int(end)
-    return words
-
-
-def truncate_at_stop_word(previous: list[int], new: list[int], stop_words: list[list[int]]) -> tuple[list[int], bool]:
-    """Cut `new` right after the first stop word that ends inside it (a word may start in `previous`)."""
-    if not stop_words:
-        return new, False
-    longest = max(len(word) for word in stop_words)
-    window = previous[-(longest - 1):] if longest > 1 else []
-    tokens = window + new
-    for end in range(len(window) + 1, len(tokens) + 1):
-        for word in stop_words:
-            if end >= len(word) and tokens[end - len(word): end] == word:
-                return new[: end - len(window)], True
-    return new, False
 
 
 class DraftTargetDecoder:
@@ -88,7 +64,7 @@ class DraftTargetDecoder:
         sequence = engine_inputs["input_ids"].reshape(-1).tolist()
         max_tokens = int(engine_inputs["request_output_len"].reshape(-1)[0])
         min_length = int(engine_inputs["min_length"].reshape(-1)[0]) if "min_length" in engine_inputs else 0
-        stop_words = word_sequences(engine_inputs.get("stop_words_list"))
+        stop_words = WordList.from_tensor("stop_words_list", engine_inputs.get("stop_words_list"))
         target_common = {k: v for k, v in engine_inputs.items() if k not in _PER_ROUND}
         draft_common = {k: v for k, v in engine_inputs.items() if k in _DRAFT_INPUTS}
         generated: list[int] = []
@@ -106,20 +82,20 @@ class DraftTargetDecoder:
 
             stats.rounds += 1
             stats.draft_tokens += len(draft)
-            accepted = _common_prefix(draft, new)
+            accepted = common_prefix_length(draft, new)
             stats.accepted_tokens += accepted
             # Not stopped: k+1 tokens (filled), or exactly the accepted ones plus the target's own.
             engine_stopped = len(new) < len(draft) + 1 and len(new) != min(accepted, len(draft)) + 1
-            new, hit_stop_word = truncate_at_stop_word(generated, new, stop_words)
+            new, hit_stop_word = stop_words.truncate_after_first(generated, new)
             generated += new
             sequence += new
             if not on_tokens(new, {}):
-                stats.finish_reason = "cancelled"
+                stats.finish_reason = FinishReason.CANCELLED
                 return stats
             if engine_stopped or hit_stop_word:
-                stats.finish_reason = "stop"
+                stats.finish_reason = FinishReason.STOP
                 return stats
-        stats.finish_reason = "length"
+        stats.finish_reason = FinishReason.LENGTH
         return stats
 
     def _call(self, model: str, common: Tensors, sequence: list[int], output_len: int, request_id: str) -> list[int]:
@@ -144,12 +120,3 @@ def response_tokens(response: Tensors) -> list[int]:
     ids = ids.reshape(-1, ids.shape[-1])[0]
     length = int(response["sequence_length"].reshape(-1)[0]) if "sequence_length" in response else ids.shape[-1]
     return ids[: min(length, ids.shape[-1])].tolist()
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n

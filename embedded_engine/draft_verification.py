@@ -18,8 +18,9 @@ from typing import Sequence
 
 import torch
 
-from bls.engine.sampling import TokenSampler
-from bls.engine.stopping import FINISH_END_ID, StopCriteria
+from embedded_engine.sampling import TokenSampler
+from bls.finish_reason import FinishReason
+from embedded_engine.stopping import StopCriteria
 
 
 @dataclass
@@ -28,7 +29,7 @@ class StepTokens:
     log_probs: list[float] = field(default_factory=list)
     rows: list[int] = field(default_factory=list)  # logits row each token was chosen from
     accepted_drafts: int = 0
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
 
 
 def accept_tokens(
@@ -45,7 +46,7 @@ def accept_tokens(
     for row in range(len(draft) + 1):
         chosen = sampler.choose(logits[row], tokens)
         if stop.is_end(chosen.token_id):
-            step.finish_reason = FINISH_END_ID
+            step.finish_reason = FinishReason.END_ID
             break
         tokens.append(chosen.token_id)
         step.token_ids.append(chosen.token_id)

@@ -20,9 +20,12 @@ from typing import Callable, Iterable, Mapping, Protocol
 import numpy as np
 
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
-from bls.detokenizer import IncrementalDetokenizer
+from bls.text.detokenizer import IncrementalDetokenizer
+from bls.batch import BatchInputs
 from bls.errors import InvalidRequest
-from bls.speculative_decoding import DraftTargetDecoder, SpeculationStats, response_tokens
+from bls.finish_reason import FinishReason
+from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
+from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
 
@@ -75,14 +78,15 @@ class TextRequest:
         if (max_tokens <= 0).any():
             raise InvalidRequest("max_tokens", f"must be > 0, got {int(max_tokens.min())}")
 
-        stream = _flag(inputs, "stream", False)
-        beam_width = _scalar(inputs, "beam_width", 1)
+        rows = BatchInputs(inputs, batch_size)
+        stream = rows.uniform_scalar("stream", bool, False)
+        beam_width = rows.uniform_scalar("beam_width", int, 1)
         if beam_width != 1:
             problem = "streaming needs beam_width 1" if stream else "only beam_width 1 is supported"
             raise InvalidRequest("beam_width", f"{problem}, got {beam_width}")
-        if _flag(inputs, "use_draft_logits", False):
+        if rows.uniform_scalar("use_draft_logits", bool, False):
             raise InvalidRequest("use_draft_logits", "draft logits are not supported; draft tokens are")
-        num_draft_tokens = _scalar(inputs, "num_draft_tokens", 0)
+        num_draft_tokens = rows.uniform_scalar("num_draft_tokens", int, 0)
         if num_draft_tokens < 0:
             raise InvalidRequest("num_draft_tokens", f"must be >= 0, got {num_draft_tokens}")
         if num_draft_tokens > 0:
@@ -93,7 +97,8 @@ class TextRequest:
                     "num_draft_tokens",
                     f"{num_draft_tokens} exceeds the target engine's max_draft_len {config.max_draft_len}",
                 )
-            if _flag(inputs, "return_context_logits", False) or _flag(inputs, "return_generation_logits", False):
+            if rows.uniform_scalar("return_context_logits", bool, False) or rows.uniform_scalar(
+                    "return_generation_logits", bool, False):
                 raise InvalidRequest("num_draft_tokens", "logits outputs are not available with speculative decoding")
 
         return cls(
@@ -101,7 +106,7 @@ class TextRequest:
             request_id=f"{request_id}-{uuid.uuid4().hex[:12]}" if request_id else uuid.uuid4().hex,
             batch_size=batch_size,
             stream=stream,
-            exclude_input_in_output=_flag(inputs, "exclude_input_in_output", True),
+            exclude_input_in_output=rows.uniform_scalar("exclude_input_in_output", bool, True),
             num_draft_tokens=num_draft_tokens,
             preprocessing_inputs={pre: inputs[text] for text, pre in TEXT_TO_PREPROCESSING.items() if text in inputs},
             engine_inputs={
@@ -112,24 +117,11 @@ class TextRequest:
         )
 
 
-def _scalar(inputs: Mapping[str, np.ndarray], name: str, default: int) -> int:
-    if name not in inputs:
-        return default
-    values = np.unique(inputs[name].reshape(-1))
-    if values.size != 1:
-        raise InvalidRequest(name, "must be the same for every row of a batch")
-    return int(values[0])
-
-
-def _flag(inputs: Mapping[str, np.ndarray], name: str, default: bool) -> bool:
-    return bool(_scalar(inputs, name, int(default)))
-
-
 @dataclass
 class RowResult:
     token_ids: list[int] = field(default_factory=list)
     num_input_tokens: int = 0
-    finish_reason: str = "stop"
+    finish_reason: FinishReason = FinishReason.STOP
     speculation: SpeculationStats | None = None
     first_token_s: float | None = None
     stream_tail: str = ""  # streamed text still held back by the detokenizer when generation ended
@@ -152,9 +144,10 @@ class TextGenerator:
         self.tokenizer = tokenizer
         self.observer = observer or GenerationObserver()
 
-    def generate(self, request: TextRequest, sink: ResponseSink) -> None:
-        """Serve one request; every response (including the final one) goes through `sink`."""
-        started = time.monotonic()
+    def generate(self, request: TextRequest, sink: ResponseSink, arrived: float | None = None) -> None:
+        """Serve one request; every response (including the final one) goes through `sink`. `arrived`
+        (time.monotonic() when Triton handed the request over) is where time to first token starts."""
+        started = time.monotonic() if arrived is None else arrived
         pre = self.models.infer(
             self.config.preprocessing_model, request.preprocessing_inputs,
             [spec.name for spec in PREPROCESSING.outputs], request.request_id,
@@ -208,7 +201,7 @@ class TextGenerator:
         return result
 
     def _stream_engine(self, request: TextRequest, engine_inputs: Tensors, child_id: str,
-                       on_tokens: Callable[[list[int], Tensors], bool]) -> str:
+                       on_tokens: Callable[[list[int], Tensors], bool]) -> FinishReason:
         """Plain generation. The engine always streams to us, so a cancelled client stops it between tokens."""
         inputs = dict(engine_inputs)
         inputs["streaming"] = np.array([[True]])
@@ -221,8 +214,8 @@ class TextGenerator:
             extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in ENGINE_TO_TEXT and k != "batch_index"}
             if not on_tokens(tokens, extra if request.stream else {}):
                 self.stop_engine(self.config.engine_model, child_id)
-                return "cancelled"
-        return "length" if generated >= max_tokens else "stop"
+                return FinishReason.CANCELLED
+        return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
 
     def stop_engine(self, model_name: str, child_id: str) -> None:
         """Cancel a child generation: Triton 2.51 does not propagate cancellation to BLS children."""
@@ -248,7 +241,7 @@ class TextGenerator:
 
     def _summary(self, request: TextRequest, results: list[RowResult]) -> Tensors:
         outputs: Tensors = {
-            "finish_reason": np.array([[r.finish_reason.encode()] for r in results], dtype=object),
+            "finish_reason": np.array([[r.finish_reason.reported.value.encode()] for r in results], dtype=object),
             "num_input_tokens": np.array([[r.num_input_tokens] for r in results], dtype=np.int32),
             "num_output_tokens": np.array([[len(r.token_ids)] for r in results], dtype=np.int32),
         }
@@ -306,11 +299,6 @@ def _row_prompt(pre: Tensors, row: int) -> list[int]:
     return pre["INPUT_ID"][row, :length].tolist()
 
 
-def _has_words(word_list: np.ndarray) -> bool:
-    """[1, 2, N] word list: the offsets row says whether there is any word at all."""
-    return word_list.size > 0 and bool((word_list[..., 1, :] > 0).any())
-
-
 def _row_engine_inputs(request: TextRequest, pre: Tensors, row: int) -> Tensors:
     """The engine inputs of one batch row (batch 1), from preprocessing's outputs and the request."""
     inputs: Tensors = {}
@@ -320,7 +308,7 @@ def _row_engine_inputs(request: TextRequest, pre: Tensors, row: int) -> Tensors:
         value = pre[pre_name][row : row + 1]
         if pre_name == "INPUT_ID":
             value = value[:, : int(pre["REQUEST_INPUT_LEN"].reshape(-1)[row])]
-        elif pre_name in ("STOP_WORDS_IDS", "BAD_WORDS_IDS") and not _has_words(value):
+        elif pre_name in ("STOP_WORDS_IDS", "BAD_WORDS_IDS") and not WordList.from_tensor(engine_name, value):
             continue
         elif pre_name == "EMBEDDING_BIAS" and value.shape[-1] == 0:
             continue

@@ -1,58 +1,15 @@
-"""Small client helpers for the integration tests: HTTP generate / generate_stream, gRPC streaming."""
+"""gRPC helpers of the tests and tools: typed input tensors and one request over a gRPC stream."""
 
 from __future__ import annotations
 
-import json
 import queue
 import time
-import urllib.error
-import urllib.request
 import uuid
 from dataclasses import dataclass, field
 
 import numpy as np
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import np_to_triton_dtype
-
-
-class HttpError(Exception):
-    def __init__(self, status: int, message: str):
-        super().__init__(f"HTTP {status}: {message}")
-        self.status = status
-        self.message = message
-
-
-def _post(url: str, body: dict, timeout: float):
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
-    try:
-        return urllib.request.urlopen(request, timeout=timeout)
-    except urllib.error.HTTPError as error:
-        payload = error.read().decode(errors="replace")
-        try:
-            payload = json.loads(payload)["error"]
-        except (ValueError, KeyError):
-            pass
-        raise HttpError(error.code, payload) from None
-
-
-def generate(http_url: str, model: str, body: dict, timeout: float = 120) -> dict:
-    with _post(f"http://{http_url}/v2/models/{model}/generate", body, timeout) as response:
-        return json.loads(response.read())
-
-
-def generate_stream(http_url: str, model: str, body: dict, timeout: float = 120) -> list[dict]:
-    """All SSE events of one generate_stream call; an in-band error raises HttpError(200, message)."""
-    events = []
-    with _post(f"http://{http_url}/v2/models/{model}/generate_stream", body, timeout) as response:
-        for raw in response:
-            line = raw.decode().strip()
-            if not line.startswith("data:"):
-                continue
-            event = json.loads(line[len("data:"):])
-            if "error" in event:
-                raise HttpError(200, event["error"])
-            events.append(event)
-    return events
 
 
 def tensor(name: str, value) -> grpcclient.InferInput:

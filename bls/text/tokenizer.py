@@ -16,74 +16,19 @@ import json
 import re
 import secrets
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import jinja2
 import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from bls.errors import InvalidRequest
-
-# Llama 3 names the role that carries tool results "ipython" (3.1's template also accepts "tool" and
-# renders it as "ipython"; the Llama 3 template renders role names verbatim, so only the name the model
-# was trained on is accepted).
-CHAT_ROLES = ("system", "user", "assistant", "ipython")
+from bls.text.chat import ChatMessage, validate_chat_messages
+from bls.word_lists import encode_word_list
 
 # Meta's dedicated padding token (Llama 3.1+ vocabulary; the 3.0 vocabulary has a reserved token there).
 LLAMA3_PAD_TOKEN = "<|finetune_right_pad_id|>"
-
-
-@dataclass(frozen=True)
-class ChatMessage:
-    role: str
-    content: str
-
-
-def parse_chat_messages(text: str, field: str) -> list[ChatMessage]:
-    """A JSON chat (`[{"role": ..., "content": ...}, ...]`) as validated messages."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidRequest(field, f"is not valid JSON ({error})") from None
-    return validate_chat_messages(value, field)
-
-
-def validate_chat_messages(value: Any, field: str) -> list[ChatMessage]:
-    """Messages from decoded JSON (or ChatMessage objects); anything the template could misread is refused."""
-    if not isinstance(value, list):
-        raise InvalidRequest(field, 'must be a JSON list of {"role": ..., "content": ...} objects')
-    if not value:
-        raise InvalidRequest(field, "has no messages")
-    messages = []
-    for index, item in enumerate(value):
-        if isinstance(item, ChatMessage):
-            item = {"role": item.role, "content": item.content}
-        if not isinstance(item, dict):
-            raise InvalidRequest(field, f"message {index} is not an object")
-        # Other keys (name, tool_calls...) would be dropped silently by the Llama 3 template.
-        unknown = sorted(set(item) - {"role", "content"})
-        if unknown:
-            raise InvalidRequest(field, f"message {index} has unsupported keys {unknown}; only role and content")
-        role, content = item.get("role"), item.get("content")
-        if role not in CHAT_ROLES:
-            hint = " (tool results use 'ipython')" if role == "tool" else ""
-            raise InvalidRequest(field, f"message {index} has role {role!r}; expected one of {list(CHAT_ROLES)}{hint}")
-        if not isinstance(content, str):
-            raise InvalidRequest(field, f"message {index} content must be a string")
-        messages.append(ChatMessage(role, content))
-    return messages
-
-
-def stack_word_lists(word_lists: Sequence[np.ndarray]) -> np.ndarray:
-    """Per-request [2, N] word lists as one [batch, 2, maxN] int32 array (ids padded 0, offsets -1)."""
-    width = max(words.shape[1] for words in word_lists)
-    stacked = np.zeros((len(word_lists), 2, width), np.int32)
-    stacked[:, 1, :] = -1
-    for index, words in enumerate(word_lists):
-        stacked[index, :, : words.shape[1]] = words
-    return stacked
 
 
 class TokenizerBundle:
@@ -252,13 +197,7 @@ class TokenizerBundle:
         sequences += [tuple(sequence) for sequence in extra_sequences]
         sequences = list(dict.fromkeys(sequences))
 
-        flat = [token for sequence in sequences for token in sequence]
-        width = max(1, len(flat))
-        result = np.zeros((2, width), np.int32)
-        result[1, :] = -1
-        result[0, : len(flat)] = flat
-        result[1, : len(sequences)] = np.cumsum([len(sequence) for sequence in sequences], dtype=np.int64)
-        return result
+        return encode_word_list(sequences)
 
     def embedding_bias(
         self,

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from engine_build.tokenizer_assets import BOS_ID, END_OF_TEXT_ID, EOT_ID, GENERATION_CONFIG
+from engine_build.assets.tokenizer import BOS_ID, END_OF_TEXT_ID, EOT_ID, GENERATION_CONFIG
 
 LLAMA3_VOCAB_SIZE = 128256
 LLAMA3_ROPE_THETA = 500000.0

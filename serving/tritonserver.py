@@ -22,6 +22,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine_build.gpu import gpu_available
+
 STUB_NAME = "triton_python_backend_stub"
 
 
@@ -76,10 +78,6 @@ def server_environment() -> dict[str, str]:
     return env
 
 
-def has_gpu() -> bool:
-    return shutil.which("nvidia-smi") is not None
-
-
 @dataclass
 class ServerPorts:
     http: int = 8000
@@ -124,7 +122,7 @@ def server_command(
         ]
         if install.backend_dir is not None:
             args.append(f"--backend-directory={install.backend_dir}")
-        if not has_gpu():
+        if not gpu_available():
             # Without these, a CPU box logs NVML/DCGM/pinned-memory errors at every start.
             args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
         if rank > 0:
@@ -247,7 +245,7 @@ def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m engine_build.server", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m serving.tritonserver", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("install-stub", help="copy the Python backend stub into the wheel's tritonserver")
     run = sub.add_parser("serve", help="run tritonserver in the foreground")

@@ -8,7 +8,7 @@ Every iteration of the engine thread:
    sequence, otherwise one decode step. So concurrent requests make progress together, one token each per
    iteration. Forward passes are per sequence (own HF DynamicCache), not batched.
 
-KV-cache reuse (bls.engine.prefix_cache): a sequence that ends normally or by cancellation parks its cache;
+KV-cache reuse (embedded_engine.prefix_cache): a sequence that ends normally or by cancellation parks its cache;
 a new request whose prompt continues a parked sequence takes it and prefills only the new tokens (skipped
 for requests that want context logits, which need the whole prompt run).
 
@@ -28,11 +28,13 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 import torch
 
-from bls.engine.prefix_cache import PrefixCache, PrefixCacheLimits
-from bls.engine.request import EngineLimits, GenerationRequest
-from bls.engine.sampling import TokenSampler
-from bls.engine.speculative import accept_tokens
-from bls.engine.stopping import FINISH_CANCELLED, StopCriteria
+from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
+from embedded_engine.request import EngineLimits, GenerationRequest
+from bls.finish_reason import FinishReason
+from embedded_engine.draft_verification import accept_tokens
+from embedded_engine.sampling import TokenSampler
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, EngineSettings
+from embedded_engine.stopping import StopCriteria
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +96,7 @@ class EngineEvent:
     generation_logits: np.ndarray | None = None  # [len(token_ids), vocab], raw model logits, if asked for
     accepted_draft_tokens: int = 0
     finished: bool = False
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     error: BaseException | None = None
 
 
@@ -124,7 +126,7 @@ class Engine:
         self,
         runner: ModelRunner,
         limits: EngineLimits,
-        max_active: int = 8,
+        max_active: int = DEFAULT_MAX_ACTIVE_REQUESTS,
         reuse: PrefixCacheLimits | None = PrefixCacheLimits(),  # None: no KV-cache reuse across requests
     ):
         if runner.vocab_size != limits.vocab_size:
@@ -281,7 +283,7 @@ class Engine:
         return hit.length
 
     def _finish_cancelled(self, sequence: _Sequence) -> None:
-        self._finish(sequence, EngineEvent(sequence.request, finished=True, finish_reason=FINISH_CANCELLED))
+        self._finish(sequence, EngineEvent(sequence.request, finished=True, finish_reason=FinishReason.CANCELLED))
 
     def _finish(self, sequence: _Sequence, event: EngineEvent) -> None:
         sequence.done = True
@@ -301,17 +303,6 @@ class Engine:
             sequence.cancel_requested = True
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """The model parameters of `tensorrt_llm` that shape the engine (parsed by model.py)."""
-
-    checkpoint_dir: str | None = None
-    synthetic: bool = False
-    max_seq_len: int | None = None  # default: the checkpoint's max_position_embeddings
-    max_draft_len: int = 0  # like an engine built without draft support: draft_input_ids are rejected
-    max_active_requests: int = 8
-
-
 SYNTHETIC_MAX_SEQ_LEN = 8192
 
 
@@ -319,13 +310,13 @@ def build_engine(settings: EngineSettings) -> Engine:
     """Load the checkpoint (or the synthetic runner) and start the engine thread."""
     runner: ModelRunner
     if settings.synthetic:
-        from bls.engine.synthetic import SyntheticRunner
+        from embedded_engine.synthetic import SyntheticRunner
 
         runner, model_max_len = SyntheticRunner(), SYNTHETIC_MAX_SEQ_LEN
     else:
         if not settings.checkpoint_dir:
             raise ValueError("the checkpoint_dir model parameter is required unless synthetic is true")
-        from bls.engine.checkpoint import load_checkpoint
+        from embedded_engine.checkpoint import load_checkpoint
 
         loaded = load_checkpoint(settings.checkpoint_dir)
         runner, model_max_len = HFModelRunner(loaded.model), loaded.max_position_embeddings

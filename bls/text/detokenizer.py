@@ -17,6 +17,12 @@ vLLM's prefix/read offsets:
 - `finish()` emits the rest exactly as a full decode would, replacement characters included.
 
 Invariant: "".join(push(...) for every chunk) + finish() == bundle.decode(all ids).
+
+Why not `tokenizers.decoders.DecodeStream` (tokenizers 0.22.1): it is faster on clean text (~1 µs a token
+against ~6 µs here, Llama 3 tokenizer, 4,096 tokens), but it holds back every step whose text ends in
+U+FFFD, for good: a model emitting bytes that never complete gets no text at all until the end, and each
+step re-decodes the growing window (78 µs a token after 300 such tokens, 484 µs after 3,000). It also
+has no finish(): a held tail would never reach the client. The cut search below bounds both.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Differences from upstream, all deliberate:
 - MESSAGES (a JSON chat) is rendered with the tokenizer's chat template; QUERY is raw text. Either way
-  there is exactly one BOS, and special-token strings in client text stay text (see bls.tokenization).
+  there is exactly one BOS, and special-token strings in client text stay text (see bls.text.tokenizer).
 - END_ID defaults to the token the model ends its turn with (generation_config.json), and the other eos
   ids are default stop sequences, so Llama 3 Instruct stops whatever its tokenizer_config says.
 - Bad input is an InvalidRequest naming the tensor: nothing is truncated, skipped or guessed silently.
@@ -16,7 +16,10 @@ from typing import Literal
 import numpy as np
 
 from bls.errors import InvalidRequest
-from bls.tokenization import TokenizerBundle, parse_chat_messages, stack_word_lists
+from bls.batch import BatchInputs
+from bls.text.chat import parse_chat_messages
+from bls.text.tokenizer import TokenizerBundle
+from bls.word_lists import stack_word_lists
 
 Tensors = dict[str, np.ndarray]
 
@@ -34,33 +37,6 @@ class _Item:
     bad_words: np.ndarray  # [2, N]
     stop_words: np.ndarray  # [2, N]
     embedding_bias: np.ndarray | None  # [vocab_size]
-
-
-@dataclass(frozen=True)
-class _Row:
-    """One batch entry's view of the input tensors."""
-
-    inputs: Tensors
-    index: int
-    batch: int
-
-    def has(self, name: str) -> bool:
-        return name in self.inputs
-
-    def values(self, name: str) -> np.ndarray:
-        return np.asarray(self.inputs[name]).reshape(self.batch, -1)[self.index]
-
-    def texts(self, name: str) -> list[str]:
-        """Every string of a [batch, N] BYTES input for this entry; [] when the input is absent."""
-        if not self.has(name):
-            return []
-        return [_decode_utf8(value, name) for value in self.values(name)]
-
-    def text(self, name: str) -> str:
-        texts = self.texts(name)
-        if len(texts) != 1:
-            raise InvalidRequest(name, f"expected one string, got {len(texts)}")
-        return texts[0]
 
 
 class Preprocessor:
@@ -100,11 +76,11 @@ class Preprocessor:
 
         output_len = np.asarray(inputs["REQUEST_OUTPUT_LEN"], np.int32).reshape(-1, 1)
         batch = output_len.shape[0]
+        rows = BatchInputs(inputs, batch)
         items = []
         for index in range(batch):
-            row = _Row(inputs, index, batch)
             try:
-                items.append(self._encode_item(row, int(output_len[index, 0])))
+                items.append(self._encode_item(rows, index, int(output_len[index, 0])))
             except InvalidRequest as error:
                 if batch == 1:
                     raise
@@ -147,12 +123,12 @@ class Preprocessor:
             ).astype(np.uint64)
         return outputs
 
-    def _encode_item(self, row: _Row, output_len: int) -> _Item:
+    def _encode_item(self, rows: BatchInputs, row: int, output_len: int) -> _Item:
         if output_len <= 0:
             raise InvalidRequest("REQUEST_OUTPUT_LEN", f"must be > 0, got {output_len}")
-        if row.has("QUERY"):
+        if rows.has("QUERY"):
             field = "QUERY"
-            text = row.text(field)
+            text = rows.text(field, row)
             if not text:
                 raise InvalidRequest(field, "is empty")
             self._refuse_if_too_long(field, [text])
@@ -161,7 +137,7 @@ class Preprocessor:
             )
         else:
             field = "MESSAGES"
-            messages = parse_chat_messages(row.text(field), field)
+            messages = parse_chat_messages(rows.text(field, row), field)
             self._refuse_if_too_long(field, [message.content for message in messages])
             prompt_ids = self.bundle.encode_chat(messages, field)
         if self.max_input_len is not None and len(prompt_ids) > self.max_input_len:
@@ -169,20 +145,20 @@ class Preprocessor:
                 field, f"the prompt is {len(prompt_ids)} tokens, more than max_input_len {self.max_input_len}"
             )
         decoder_ids = []
-        if row.has("DECODER_QUERY"):
-            decoder_ids = self.bundle.encode_text(row.text("DECODER_QUERY"), add_special_tokens=self.add_special_tokens)
+        if rows.has("DECODER_QUERY"):
+            decoder_ids = self.bundle.encode_text(rows.text("DECODER_QUERY", row), add_special_tokens=self.add_special_tokens)
 
         # -1 is the engine's "never stop at an end id" (benchmarks force max_tokens with it).
-        end_id = self._token_id(row, "END_ID", self.bundle.end_id, lowest=-1)
-        pad_id = self._token_id(row, "PAD_ID", self.bundle.pad_id, lowest=0)
+        end_id = self._token_id(rows, row, "END_ID", self.bundle.end_id, lowest=-1)
+        pad_id = self._token_id(rows, row, "PAD_ID", self.bundle.pad_id, lowest=0)
         stop_words = self.bundle.word_list(
-            row.texts("STOP_WORDS_DICT"), "STOP_WORDS_DICT", self.bundle.default_stop_sequences(end_id)
+            rows.texts("STOP_WORDS_DICT", row), "STOP_WORDS_DICT", self.bundle.default_stop_sequences(end_id)
         )
-        bad_words = self.bundle.word_list(row.texts("BAD_WORDS_DICT"), "BAD_WORDS_DICT")
+        bad_words = self.bundle.word_list(rows.texts("BAD_WORDS_DICT", row), "BAD_WORDS_DICT")
         embedding_bias = None
-        if row.has("EMBEDDING_BIAS_WORDS"):
+        if rows.has("EMBEDDING_BIAS_WORDS"):
             embedding_bias = self.bundle.embedding_bias(
-                row.texts("EMBEDDING_BIAS_WORDS"), row.values("EMBEDDING_BIAS_WEIGHTS").tolist()
+                rows.texts("EMBEDDING_BIAS_WORDS", row), rows.values("EMBEDDING_BIAS_WEIGHTS", row).tolist()
             )
         return _Item(prompt_ids, decoder_ids, end_id, pad_id, bad_words, stop_words, embedding_bias)
 
@@ -195,22 +171,11 @@ class Preprocessor:
             raise InvalidRequest(field, f"the prompt is {size} bytes, far more than max_input_len "
                                         f"{self.max_input_len} tokens can hold")
 
-    def _token_id(self, row: _Row, name: str, default: int, lowest: int) -> int:
-        if not row.has(name):
-            return default
-        value = int(row.values(name)[0])
+    def _token_id(self, rows: BatchInputs, row: int, name: str, default: int, lowest: int) -> int:
+        value = rows.scalar(name, row, int, default)
         if not lowest <= value < self.bundle.vocab_size:
             raise InvalidRequest(name, f"{value} is outside [{lowest}, {self.bundle.vocab_size})")
         return value
-
-
-def _decode_utf8(value: object, name: str) -> str:
-    if isinstance(value, str):
-        return value
-    try:
-        return bytes(value).decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise InvalidRequest(name, f"is not valid UTF-8 ({error.reason} at byte {error.start})") from None
 
 
 def _pad(sequences: list[list[int]], pad_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:

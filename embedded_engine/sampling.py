@@ -23,7 +23,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from bls.engine.stopping import WordList
+from embedded_engine.stopping import WordList
 
 
 @dataclass(frozen=True, eq=False)

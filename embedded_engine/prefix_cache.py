@@ -21,6 +21,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from bls.token_ids import common_prefix_length
+
 
 @dataclass(frozen=True)
 class PrefixCacheLimits:
@@ -63,7 +65,7 @@ class PrefixCache:
         wanted = np.asarray(prompt, dtype=np.int64)[:-1]
         best_key, best_length = None, 0
         for key, entry in reversed(self._entries.items()):  # most recent first: it wins ties
-            length = _common_prefix_length(entry.tokens, wanted)
+            length = common_prefix_length(entry.tokens, wanted)
             if length > best_length and 2 * length >= len(entry.tokens):
                 best_key, best_length = key, length
         if best_key is None:
@@ -86,9 +88,3 @@ class PrefixCache:
     def clear(self) -> None:
         self._entries.clear()
         self._tokens = 0
-
-
-def _common_prefix_length(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(len(a), len(b))
-    mismatches = np.flatnonzero(a[:n] != b[:n])
-    return int(mismatches[0]) if mismatches.size else n

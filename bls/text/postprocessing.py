@@ -2,7 +2,7 @@
 
 It decodes exactly the ids it is given, up to each beam's sequence length: whether the prompt is part
 of the text depends only on what the engine returned (exclude_input_in_output). Streaming text is not
-made here by decoding chunks alone (that splits characters); see bls.detokenizer.
+made here by decoding chunks alone (that splits characters); see bls.text.detokenizer.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from bls.errors import InvalidRequest
-from bls.tokenization import TokenizerBundle
+from bls.token_ids import check_token_ids
+from bls.text.tokenizer import TokenizerBundle
 
 Tensors = dict[str, np.ndarray]
 
@@ -39,9 +40,7 @@ class Postprocessor:
 
         sequences = [tokens[b, k, : lengths[b, k]] for b in range(tokens.shape[0]) for k in range(tokens.shape[1])]
         for ids in sequences:
-            if ids.size and (ids.min() < 0 or ids.max() >= self.bundle.vocab_size):
-                bad = int(ids[(ids < 0) | (ids >= self.bundle.vocab_size)][0])
-                raise InvalidRequest("TOKENS_BATCH", f"token id {bad} is outside [0, {self.bundle.vocab_size})")
+            check_token_ids("TOKENS_BATCH", ids, self.bundle.vocab_size)
         texts = self.bundle.decode_batch([ids.tolist() for ids in sequences], self.skip_special_tokens)
 
         output = np.empty(tokens.shape[:2], dtype=object)

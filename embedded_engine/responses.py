@@ -20,8 +20,8 @@ from typing import Mapping, Protocol
 
 import numpy as np
 
-from bls.engine.request import GenerationRequest
-from bls.engine.scheduler import EngineEvent
+from embedded_engine.request import GenerationRequest
+from embedded_engine.scheduler import EngineEvent
 
 Tensors = dict[str, np.ndarray]
 

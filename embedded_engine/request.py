@@ -11,16 +11,35 @@ draft_input_ids needs batch size 1 (a ragged [batch, N] tensor carries no per-ro
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
 
 import numpy as np
 
-from bls.contract import EMBEDDED_ENGINE_SUPPORTED_INPUTS
-from bls.engine.sampling import SamplingParams
-from bls.engine.stopping import StopCriteria, WordList
+from bls.batch import BatchInputs
 from bls.errors import InvalidRequest
+from bls.token_ids import check_token_ids
+from bls.word_lists import WordList
+from embedded_engine.sampling import SamplingParams
+from embedded_engine.stopping import StopCriteria
 
 REQUIRED_INPUTS = ("input_ids", "input_lengths", "request_output_len")
+
+# Inputs the embedded engine honours; any other optional input present in a request is rejected by
+# name rather than silently ignored.
+SUPPORTED_INPUTS = frozenset(
+    {
+        "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids",
+        "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias", "beam_width",
+        "temperature", "runtime_top_k", "runtime_top_p", "repetition_penalty", "min_length",
+        "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
+        "return_context_logits", "return_generation_logits", "exclude_input_in_output", "stop",
+        "streaming",
+        # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
+        # ignores them, as the tensorrtllm backend does.
+        "decoder_input_ids", "decoder_input_lengths",
+        # Beam-search knobs that TensorRT-LLM ignores at beam width 1, the only width served here.
+        "len_penalty", "early_stopping", "beam_search_diversity_rate",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +82,7 @@ def parse_generation_requests(
     inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool
 ) -> list[GenerationRequest]:
     for name in inputs:
-        if name not in EMBEDDED_ENGINE_SUPPORTED_INPUTS:
+        if name not in SUPPORTED_INPUTS:
             raise InvalidRequest(name, "is not supported by the embedded engine")
     for name in REQUIRED_INPUTS:
         if name not in inputs:
@@ -74,50 +93,14 @@ def parse_generation_requests(
     batch_size = input_ids.shape[0]
     if batch_size > 1 and "draft_input_ids" in inputs:
         raise InvalidRequest("draft_input_ids", "needs a request with batch size 1")
-    rows = _Rows(inputs, batch_size)
+    rows = BatchInputs(inputs, batch_size)
     return [
         _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input) for row in range(batch_size)
     ]
 
 
-class _Rows:
-    """Per-row access to the inputs of a batched Triton request."""
-
-    def __init__(self, inputs: dict[str, np.ndarray], batch_size: int):
-        self._inputs = inputs
-        self.batch_size = batch_size
-
-    def scalar(self, name: str, row: int, convert: Callable[[Any], Any], default: Any = None) -> Any:
-        if name not in self._inputs:
-            return default
-        array = np.asarray(self._inputs[name])
-        if array.ndim > 2 or (array.ndim == 2 and array.shape[1] != 1):
-            raise InvalidRequest(name, f"must hold one value per batch item, got shape {list(array.shape)}")
-        flat = array.reshape(-1)
-        if flat.size == self.batch_size:
-            return convert(flat[row])
-        if flat.size == 1:  # one value for the whole batch
-            return convert(flat[0])
-        raise InvalidRequest(name, f"has {flat.size} values for a batch of {self.batch_size}")
-
-    def item(self, name: str, row: int, item_ndim: int) -> np.ndarray | None:
-        """Row `row` of a batched tensor whose items have `item_ndim` dimensions."""
-        if name not in self._inputs:
-            return None
-        array = np.asarray(self._inputs[name])
-        if array.ndim == item_ndim:  # unbatched, accepted for a single item
-            array = array[np.newaxis]
-        if array.ndim != item_ndim + 1:
-            raise InvalidRequest(name, f"has {array.ndim} dimensions, expected {item_ndim + 1} (batch first)")
-        if array.shape[0] == self.batch_size:
-            return array[row]
-        if array.shape[0] == 1:
-            return array[0]
-        raise InvalidRequest(name, f"has batch size {array.shape[0]}, input_ids has {self.batch_size}")
-
-
 def _parse_row(
-    rows: _Rows, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits, default_exclude_input: bool
+    rows: BatchInputs, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits, default_exclude_input: bool
 ) -> GenerationRequest:
     vocab = limits.vocab_size
     prompt_len = rows.scalar("input_lengths", row, int)
@@ -128,7 +111,7 @@ def _parse_row(
             "input_lengths", f"{prompt_len} is longer than the {padded_ids.shape[0]} ids given in input_ids"
         )
     prompt = padded_ids[:prompt_len].astype(np.int64)
-    _check_token_ids("input_ids", prompt, vocab)
+    check_token_ids("input_ids", prompt, vocab)
 
     max_new_tokens = rows.scalar("request_output_len", row, int)
     if max_new_tokens <= 0:
@@ -161,7 +144,7 @@ def _parse_row(
             "draft_input_ids",
             f"{len(draft_tokens)} draft tokens exceed the engine's max_draft_len {limits.max_draft_len}",
         )
-    _check_token_ids("draft_input_ids", np.asarray(draft_tokens, np.int64), vocab)
+    check_token_ids("draft_input_ids", np.asarray(draft_tokens, np.int64), vocab)
 
     return GenerationRequest(
         request_id=request_id,
@@ -182,7 +165,7 @@ def _parse_row(
     )
 
 
-def _sampling_params(rows: _Rows, row: int, vocab: int) -> SamplingParams:
+def _sampling_params(rows: BatchInputs, row: int, vocab: int) -> SamplingParams:
     temperature = rows.scalar("temperature", row, float, 1.0)
     if temperature < 0:
         raise InvalidRequest("temperature", f"must be >= 0, got {temperature}")
@@ -219,18 +202,11 @@ def _sampling_params(rows: _Rows, row: int, vocab: int) -> SamplingParams:
     )
 
 
-def _word_list(rows: _Rows, name: str, row: int, vocab: int) -> WordList:
-    tensor = rows.item(name, row, 2)
-    return WordList() if tensor is None else WordList.from_tensor(name, tensor, vocab)
+def _word_list(rows: BatchInputs, name: str, row: int, vocab: int) -> WordList:
+    return WordList.from_tensor(name, rows.item(name, row, 2), vocab)
 
 
 def _optional_token(name: str, value: int | None, vocab: int) -> int | None:
-    if value is not None and not 0 <= value < vocab:
-        raise InvalidRequest(name, f"{value} is outside the vocabulary [0, {vocab})")
+    if value is not None:
+        check_token_ids(name, [value], vocab)
     return value
-
-
-def _check_token_ids(name: str, ids: np.ndarray, vocab: int) -> None:
-    if ids.size and (ids.min() < 0 or ids.max() >= vocab):
-        bad = int(ids[(ids < 0) | (ids >= vocab)][0])
-        raise InvalidRequest(name, f"token id {bad} is outside the vocabulary [0, {vocab})")

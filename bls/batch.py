@@ -1,0 +1,87 @@
+"""Per-row access to the input tensors of one batched Triton request: the one place that knows how a
+request's rows are laid out.
+
+With `max_batch_size > 0` every input arrives batch-first: scalars as [batch, 1] (or [batch] where the
+config reshapes [1] to []), lists as [batch, N]. A value given once ([1] or [1, ...]) applies to every row.
+Every problem is an InvalidRequest naming the input.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from bls.errors import InvalidRequest
+
+
+class BatchInputs:
+    def __init__(self, inputs: Mapping[str, np.ndarray], batch_size: int):
+        self._inputs = inputs
+        self.batch_size = batch_size
+
+    def has(self, name: str) -> bool:
+        return name in self._inputs
+
+    def scalar(self, name: str, row: int, convert: Callable[[Any], Any], default: Any = None) -> Any:
+        """The one value of `name` for `row` ([batch], [batch, 1], or one value for the whole batch)."""
+        if name not in self._inputs:
+            return default
+        array = np.asarray(self._inputs[name])
+        if array.ndim > 2 or (array.ndim == 2 and array.shape[1] != 1):
+            raise InvalidRequest(name, f"must hold one value per batch item, got shape {list(array.shape)}")
+        flat = array.reshape(-1)
+        if flat.size == self.batch_size:
+            return convert(flat[row])
+        if flat.size == 1:  # one value for the whole batch
+            return convert(flat[0])
+        raise InvalidRequest(name, f"has {flat.size} values for a batch of {self.batch_size}")
+
+    def uniform_scalar(self, name: str, convert: Callable[[Any], Any], default: Any = None) -> Any:
+        """A value that must be the same for every row (e.g. `stream`: one response stream per request)."""
+        if name not in self._inputs:
+            return default
+        values = np.unique(np.asarray(self._inputs[name]).reshape(-1))
+        if values.size != 1:
+            raise InvalidRequest(name, "must be the same for every row of a batch")
+        return convert(values[0])
+
+    def item(self, name: str, row: int, item_ndim: int) -> np.ndarray | None:
+        """Row `row` of a batched tensor whose items have `item_ndim` dimensions."""
+        if name not in self._inputs:
+            return None
+        array = np.asarray(self._inputs[name])
+        if array.ndim == item_ndim:  # unbatched, accepted for a single item
+            array = array[np.newaxis]
+        if array.ndim != item_ndim + 1:
+            raise InvalidRequest(name, f"has {array.ndim} dimensions, expected {item_ndim + 1} (batch first)")
+        if array.shape[0] == self.batch_size:
+            return array[row]
+        if array.shape[0] == 1:
+            return array[0]
+        raise InvalidRequest(name, f"has batch size {array.shape[0]}, the request has {self.batch_size}")
+
+    def values(self, name: str, row: int) -> np.ndarray:
+        """Every value of a [batch, N] input for `row`, flattened."""
+        return np.asarray(self._inputs[name]).reshape(self.batch_size, -1)[row]
+
+    def texts(self, name: str, row: int) -> list[str]:
+        """Every string of a [batch, N] BYTES input for `row`; [] when the input is absent."""
+        if name not in self._inputs:
+            return []
+        return [decode_utf8(value, name) for value in self.values(name, row)]
+
+    def text(self, name: str, row: int) -> str:
+        texts = self.texts(name, row)
+        if len(texts) != 1:
+            raise InvalidRequest(name, f"expected one string, got {len(texts)}")
+        return texts[0]
+
+
+def decode_utf8(value: object, name: str) -> str:
+    if isinstance(value, str):
+        return value
+    try:
+        return bytes(value).decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise InvalidRequest(name, f"is not valid UTF-8 ({error.reason} at byte {error.start})") from None
