@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from bls.tokenization import TokenizerBundle
+from bls.text.tokenizer import TokenizerBundle
 
 REPLACEMENT_CHARACTER = "\ufffd"
 # A pending (incomplete) UTF-8 sequence is at most 3 bytes, and every token decodes to at least one byte
