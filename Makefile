@@ -25,6 +25,10 @@ HF_MODEL ?=
 DRAFT_HF_MODEL ?=
 TP ?= 1
 PP ?= 1
+# DECOUPLED=false: unary (non-streaming) models, for clients that use ModelInfer (upstream's decoupled_mode).
+DECOUPLED ?= true
+# QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; see README).
+QUERY_SPECIAL_TOKENS ?= text
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -57,7 +61,8 @@ endif
 repo: setup
 	$(BUILD) repo --engine $(ENGINE) --repo $(REPO) --assets $(ASSETS) \
 	    $(if $(HF_MODEL),--hf-model $(HF_MODEL)) $(if $(DRAFT_HF_MODEL),--draft-hf-model $(DRAFT_HF_MODEL)) \
-	    --tp $(TP) --pp $(PP)
+	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
+	    --query-special-tokens $(QUERY_SPECIAL_TOKENS)
 
 serve: repo
 	$(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \

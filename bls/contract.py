@@ -1,9 +1,9 @@
 """The tensor contract of every model in the repository: one place, used by everything.
 
-Names, dtypes and dims follow NVIDIA's `inflight_batcher_llm` v0.14 models so that existing clients
-(end_to_end_grpc_client.py, inflight_batcher_llm_client.py, genai-perf's tensorrtllm converter) work
-unchanged. Our additions are marked `extension=True`; they are all optional, so a v0.14 client never
-notices them.
+The engine (`tensorrt_llm`) speaks exactly what TensorRT-LLM 1.2.1's tensorrtllm backend reads (the 26.07
+container). The text side (`preprocessing`, `postprocessing`, `ensemble`, `tensorrt_llm_bls`) has the names,
+dtypes and dims of NVIDIA's 1.2 models and also accepts v0.14's `random_seed` / `min_length`, so clients of
+either generation work unchanged. Our additions are marked `extension=True`; they are all optional.
 
 The config renderer writes the `input [...]` / `output [...]` blocks of each config.pbtxt from these
 specs, and the Python models read requests through them (`bls.triton_io`), so a tensor is declared once.
@@ -71,37 +71,57 @@ def _scalar(name, data_type, **kw) -> TensorSpec:
     return TensorSpec(name, data_type, (1,), **kw)
 
 
-# Outputs the engine produces and the ensemble / BLS pass on under the same names.
+# Outputs the engine produces and the ensemble / BLS pass on under the same names (1.2.1: the perf metrics,
+# token counts and draft acceptance came after v0.14; the engine sends them only when asked).
 _GENERATION_DETAILS = (
     _t("cum_log_probs", "TYPE_FP32", [-1]),
     _t("output_log_probs", "TYPE_FP32", [-1, -1]),
-    _t("context_logits", "TYPE_FP32", [-1, -1]),
+    _t("context_logits", "TYPE_FP32", [-1, -1]),  # upstream: ${logits_datatype}; TYPE_FP32 is its default
     _t("generation_logits", "TYPE_FP32", [-1, -1, -1]),
     _scalar("batch_index", "TYPE_INT32"),
     _scalar("sequence_index", "TYPE_INT32"),
+    _scalar("kv_cache_alloc_new_blocks", "TYPE_INT32"),
+    _scalar("kv_cache_reused_blocks", "TYPE_INT32"),
+    _scalar("kv_cache_alloc_total_blocks", "TYPE_INT32"),
+    _scalar("arrival_time_ns", "TYPE_INT64"),
+    _scalar("first_scheduled_time_ns", "TYPE_INT64"),
+    _scalar("first_token_time_ns", "TYPE_INT64"),
+    _scalar("last_token_time_ns", "TYPE_INT64"),
+    _scalar("acceptance_rate", "TYPE_FP32"),
+    _scalar("total_accepted_draft_tokens", "TYPE_INT32"),
+    _scalar("total_draft_tokens", "TYPE_INT32"),
+    _scalar("num_input_tokens", "TYPE_INT32"),
+    _scalar("num_output_tokens", "TYPE_INT32"),
 )
 
 # ----------------------------------------------------------------------------------------------------
-# tensorrt_llm: the engine. The C++ tensorrtllm backend and our embedded engine share this contract.
+# tensorrt_llm: the engine, as TensorRT-LLM 1.2.1's tensorrtllm backend declares it
+# (triton_backend/all_models/inflight_batcher_llm/tensorrt_llm/config.pbtxt of the 1.2 line; the
+# ${...} dtypes filled with upstream's defaults for a text model: FP16 features and prompt tables, FP32
+# logits). The C++ backend reads inputs by name and ignores unknown ones, so a name from another
+# version is a silent no-op there: these names are the contract. Our embedded engine declares the same.
 # ----------------------------------------------------------------------------------------------------
 _ENGINE_SCALAR = dict(reshape_scalar=True)
+_RAGGED = dict(allow_ragged_batch=True)
 
 TENSORRT_LLM = ModelContract(
     inputs=(
-        _t("input_ids", "TYPE_INT32", [-1], optional=False, allow_ragged_batch=True),
+        _t("input_ids", "TYPE_INT32", [-1], **_RAGGED),  # optional since 1.x (encoder features may replace it)
+        _t("encoder_input_features", "TYPE_FP16", [-1, -1], **_RAGGED),
+        _scalar("encoder_output_lengths", "TYPE_INT32", **_ENGINE_SCALAR),
         _scalar("input_lengths", "TYPE_INT32", optional=False, **_ENGINE_SCALAR),
         _scalar("request_output_len", "TYPE_INT32", optional=False, **_ENGINE_SCALAR),
         _scalar("num_return_sequences", "TYPE_INT32", **_ENGINE_SCALAR),
-        _t("draft_input_ids", "TYPE_INT32", [-1], allow_ragged_batch=True),
-        _t("decoder_input_ids", "TYPE_INT32", [-1], allow_ragged_batch=True),
+        _t("draft_input_ids", "TYPE_INT32", [-1], **_RAGGED),
+        _t("decoder_input_ids", "TYPE_INT32", [-1], **_RAGGED),
         _scalar("decoder_input_lengths", "TYPE_INT32", **_ENGINE_SCALAR),
-        _t("draft_logits", "TYPE_FP32", [-1, -1], allow_ragged_batch=True),
+        _t("draft_logits", "TYPE_FP32", [-1, -1], **_RAGGED),
         _scalar("draft_acceptance_threshold", "TYPE_FP32", **_ENGINE_SCALAR),
         _scalar("end_id", "TYPE_INT32", **_ENGINE_SCALAR),
         _scalar("pad_id", "TYPE_INT32", **_ENGINE_SCALAR),
-        _t("stop_words_list", "TYPE_INT32", [2, -1], allow_ragged_batch=True),
-        _t("bad_words_list", "TYPE_INT32", [2, -1], allow_ragged_batch=True),
-        _t("embedding_bias", "TYPE_FP32", [-1], allow_ragged_batch=True),
+        _t("stop_words_list", "TYPE_INT32", [2, -1], **_RAGGED),
+        _t("bad_words_list", "TYPE_INT32", [2, -1], **_RAGGED),
+        _t("embedding_bias", "TYPE_FP32", [-1], **_RAGGED),
         _scalar("beam_width", "TYPE_INT32", **_ENGINE_SCALAR),
         _scalar("temperature", "TYPE_FP32", **_ENGINE_SCALAR),
         _scalar("runtime_top_k", "TYPE_INT32", **_ENGINE_SCALAR),
@@ -112,35 +132,55 @@ TENSORRT_LLM = ModelContract(
         _scalar("len_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
         _scalar("early_stopping", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("repetition_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
-        _scalar("min_length", "TYPE_INT32", **_ENGINE_SCALAR),
+        _scalar("min_tokens", "TYPE_INT32", **_ENGINE_SCALAR),  # v0.14: min_length
         _scalar("beam_search_diversity_rate", "TYPE_FP32", **_ENGINE_SCALAR),
         _scalar("presence_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
         _scalar("frequency_penalty", "TYPE_FP32", **_ENGINE_SCALAR),
-        _scalar("random_seed", "TYPE_UINT64", **_ENGINE_SCALAR),
+        _scalar("seed", "TYPE_UINT64", **_ENGINE_SCALAR),  # v0.14: random_seed
         _scalar("return_log_probs", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("return_context_logits", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("return_generation_logits", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("return_perf_metrics", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("return_num_input_tokens", "TYPE_BOOL", **_ENGINE_SCALAR),
+        _scalar("return_num_output_tokens", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("exclude_input_in_output", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("stop", "TYPE_BOOL", **_ENGINE_SCALAR),
         _scalar("streaming", "TYPE_BOOL", **_ENGINE_SCALAR),
-        _t("prompt_embedding_table", "TYPE_FP16", [-1, -1], allow_ragged_batch=True),
-        _t("prompt_table_extra_ids", "TYPE_UINT64", [-1], allow_ragged_batch=True),
+        _t("prompt_embedding_table", "TYPE_FP16", [-1, -1], **_RAGGED),
+        _t("prompt_table_extra_ids", "TYPE_UINT64", [-1], **_RAGGED),
         _scalar("prompt_vocab_size", "TYPE_INT32", **_ENGINE_SCALAR),
+        _t("cross_attention_mask", "TYPE_BOOL", [-1, -1], **_RAGGED),
+        _t("mrope_rotary_cos_sin", "TYPE_FP32", [-1]),
+        _scalar("mrope_position_deltas", "TYPE_INT64"),
         _scalar("lora_task_id", "TYPE_UINT64", **_ENGINE_SCALAR),
-        _t("lora_weights", "TYPE_FP16", [-1, -1], allow_ragged_batch=True),
-        _t("lora_config", "TYPE_INT32", [-1, 3], allow_ragged_batch=True),
-        _t("context_phase_params", "TYPE_UINT8", [-1], allow_ragged_batch=True),
+        _t("lora_weights", "TYPE_FP16", [-1, -1], **_RAGGED),
+        _t("lora_config", "TYPE_INT32", [-1, 3], **_RAGGED),
+        _t("context_phase_params", "TYPE_UINT8", [-1], **_RAGGED),
+        _scalar("skip_cross_attn_blocks", "TYPE_BOOL", **_RAGGED),
+        _t("retention_token_range_starts", "TYPE_INT32", [-1], **_RAGGED),
+        _t("retention_token_range_ends", "TYPE_INT32", [-1], **_RAGGED),
+        _t("retention_token_range_priorities", "TYPE_INT32", [-1], **_RAGGED),
+        _t("retention_token_range_durations_ms", "TYPE_INT32", [-1], **_RAGGED),
+        _scalar("retention_decode_priority", "TYPE_INT32", **_RAGGED),
+        _scalar("retention_decode_duration_ms", "TYPE_INT32", **_RAGGED),
+        _scalar("guided_decoding_guide_type", "TYPE_STRING", **_RAGGED),
+        _scalar("guided_decoding_guide", "TYPE_STRING", **_RAGGED),
+        _scalar("lookahead_window_size", "TYPE_INT32", **_RAGGED),
+        _scalar("lookahead_ngram_size", "TYPE_INT32", **_RAGGED),
+        _scalar("lookahead_verification_set_size", "TYPE_INT32", **_RAGGED),
     ),
     outputs=(
         _t("output_ids", "TYPE_INT32", [-1, -1]),
         _t("sequence_length", "TYPE_INT32", [-1]),
-        *_GENERATION_DETAILS,
+        *_GENERATION_DETAILS[:6],
         _t("context_phase_params", "TYPE_UINT8", [-1]),
+        *_GENERATION_DETAILS[6:],
     ),
 )
 
 # ----------------------------------------------------------------------------------------------------
-# preprocessing
+# preprocessing (v0.14 / 1.2 tensor names; the seed and minimum-length inputs are ours: the ensemble can
+# map only one of its inputs to an engine input, so the v0.14 and 1.2 names meet here and leave as one)
 # ----------------------------------------------------------------------------------------------------
 PREPROCESSING = ModelContract(
     inputs=(
@@ -157,6 +197,10 @@ PREPROCESSING = ModelContract(
         _scalar("END_ID", "TYPE_INT32"),
         _scalar("PAD_ID", "TYPE_INT32"),
         _scalar("PROMPT_TABLE_EXTRA_ID", "TYPE_UINT64"),
+        _scalar("SEED", "TYPE_UINT64", extension=True),
+        _scalar("RANDOM_SEED", "TYPE_UINT64", extension=True),
+        _scalar("MIN_TOKENS", "TYPE_INT32", extension=True),
+        _scalar("MIN_LENGTH", "TYPE_INT32", extension=True),
     ),
     outputs=(
         _t("INPUT_ID", "TYPE_INT32", [-1]),
@@ -170,8 +214,19 @@ PREPROCESSING = ModelContract(
         _scalar("OUT_END_ID", "TYPE_INT32"),
         _scalar("OUT_PAD_ID", "TYPE_INT32"),
         _t("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", [-1]),
+        _scalar("OUT_SEED", "TYPE_UINT64", extension=True),
+        _scalar("OUT_MIN_TOKENS", "TYPE_INT32", extension=True),
     ),
 )
+
+# The sampling inputs whose name changed between v0.14 and 1.2: text API name -> (preprocessing input,
+# the engine input it becomes). A request may send either name, or both with the same value.
+RENAMED_INPUTS = {
+    "seed": ("SEED", "seed"),
+    "random_seed": ("RANDOM_SEED", "seed"),
+    "min_tokens": ("MIN_TOKENS", "min_tokens"),
+    "min_length": ("MIN_LENGTH", "min_tokens"),
+}
 
 # ----------------------------------------------------------------------------------------------------
 # postprocessing
@@ -181,19 +236,22 @@ POSTPROCESSING = ModelContract(
         _t("TOKENS_BATCH", "TYPE_INT32", [-1, -1], optional=False),
         _t("SEQUENCE_LENGTH", "TYPE_INT32", [-1], optional=False),
     ),
+    # One string per sequence, [batch * beam] (1-D, as upstream's postprocessing returns it).
     outputs=(_t("OUTPUT", "TYPE_STRING", [-1]),),
 )
 
 # ----------------------------------------------------------------------------------------------------
-# ensemble and tensorrt_llm_bls: the text-level API
+# ensemble and tensorrt_llm_bls: the text-level API (1.2 names, plus v0.14's random_seed / min_length)
 # ----------------------------------------------------------------------------------------------------
 _TEXT_API_INPUTS = (
-    _scalar("text_input", "TYPE_STRING"),  # v0.14: required; optional here because `messages` may replace it
+    _scalar("text_input", "TYPE_STRING"),  # upstream: required; optional here because `messages` may replace it
     _scalar("messages", "TYPE_STRING", extension=True),
     _scalar("decoder_text_input", "TYPE_STRING"),
     _scalar("max_tokens", "TYPE_INT32", optional=False),
+    _scalar("num_return_sequences", "TYPE_INT32"),
     _t("bad_words", "TYPE_STRING", [-1]),
     _t("stop_words", "TYPE_STRING", [-1]),
+    _scalar("exclude_input_in_output", "TYPE_BOOL"),
     _scalar("end_id", "TYPE_INT32"),
     _scalar("pad_id", "TYPE_INT32"),
     _scalar("top_k", "TYPE_INT32"),
@@ -201,24 +259,34 @@ _TEXT_API_INPUTS = (
     _scalar("temperature", "TYPE_FP32"),
     _scalar("length_penalty", "TYPE_FP32"),
     _scalar("repetition_penalty", "TYPE_FP32"),
-    _scalar("min_length", "TYPE_INT32"),
+    _scalar("min_tokens", "TYPE_INT32"),
+    _scalar("min_length", "TYPE_INT32", extension=True),  # v0.14's name of min_tokens
     _scalar("presence_penalty", "TYPE_FP32"),
     _scalar("frequency_penalty", "TYPE_FP32"),
-    _scalar("random_seed", "TYPE_UINT64"),
+    _scalar("seed", "TYPE_UINT64"),
+    _scalar("random_seed", "TYPE_UINT64", extension=True),  # v0.14's name of seed
     _scalar("return_log_probs", "TYPE_BOOL"),
     _scalar("return_context_logits", "TYPE_BOOL"),
     _scalar("return_generation_logits", "TYPE_BOOL"),
-    _scalar("num_return_sequences", "TYPE_INT32"),
+    _scalar("return_perf_metrics", "TYPE_BOOL"),
+    _scalar("return_num_input_tokens", "TYPE_BOOL"),
+    _scalar("return_num_output_tokens", "TYPE_BOOL"),
     _scalar("beam_width", "TYPE_INT32"),
     _scalar("stream", "TYPE_BOOL"),
-    _scalar("exclude_input_in_output", "TYPE_BOOL", extension=True),
     _t("prompt_embedding_table", "TYPE_FP16", [-1, -1]),
     _scalar("prompt_table_extra_id", "TYPE_UINT64"),
     _scalar("prompt_vocab_size", "TYPE_INT32"),
     _t("embedding_bias_words", "TYPE_STRING", [-1]),
     _t("embedding_bias_weights", "TYPE_FP32", [-1]),
+    _scalar("lora_task_id", "TYPE_UINT64"),
+    _t("lora_weights", "TYPE_FP16", [-1, -1], **_RAGGED),
+    _t("lora_config", "TYPE_INT32", [-1, 3], **_RAGGED),
+    _scalar("guided_decoding_guide_type", "TYPE_STRING", **_RAGGED),
+    _scalar("guided_decoding_guide", "TYPE_STRING", **_RAGGED),
 )
 
+# text_output: one string per sequence, [batch * num_return_sequences] (1-D): NVIDIA's clients read
+# `output[0]` as a string.
 _TEXT_API_OUTPUTS = (_t("text_output", "TYPE_STRING", [-1]), *_GENERATION_DETAILS)
 
 ENSEMBLE = ModelContract(inputs=_TEXT_API_INPUTS, outputs=_TEXT_API_OUTPUTS)
@@ -228,16 +296,13 @@ TENSORRT_LLM_BLS = ModelContract(
     + (
         _scalar("num_draft_tokens", "TYPE_INT32"),
         _scalar("use_draft_logits", "TYPE_BOOL"),
+        # Multimodal inputs of the 1.2 BLS; a Llama 3 text model refuses them by name.
+        _t("image_input", "TYPE_FP16", [-1, 3, -1, -1]),
+        _t("image_bytes_input", "TYPE_UINT8", [-1, -1, -1, -1]),
+        _scalar("image_url_input", "TYPE_STRING"),
+        _t("video_bytes_input", "TYPE_UINT8", [-1, -1, -1, -1]),
     ),
-    outputs=_TEXT_API_OUTPUTS
-    + (
-        _scalar("finish_reason", "TYPE_STRING", extension=True),
-        _scalar("num_input_tokens", "TYPE_INT32", extension=True),
-        _scalar("num_output_tokens", "TYPE_INT32", extension=True),
-        _scalar("acceptance_rate", "TYPE_FP32", extension=True),
-        _scalar("total_accepted_draft_tokens", "TYPE_INT32", extension=True),
-        _scalar("total_draft_tokens", "TYPE_INT32", extension=True),
-    ),
+    outputs=_TEXT_API_OUTPUTS + (_scalar("finish_reason", "TYPE_STRING", extension=True),),
 )
 
 CONTRACTS: dict[str, ModelContract] = {
@@ -264,6 +329,7 @@ TEXT_TO_PREPROCESSING = {
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
     "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+    **{text: pre for text, (pre, _) in RENAMED_INPUTS.items()},
 }
 # preprocessing output -> engine input (Llama is decoder-only: DECODER_INPUT_ID is not passed on)
 PREPROCESSING_TO_ENGINE = {
@@ -276,6 +342,8 @@ PREPROCESSING_TO_ENGINE = {
     "OUT_END_ID": "end_id",
     "OUT_PAD_ID": "pad_id",
     "OUT_PROMPT_TABLE_EXTRA_IDS": "prompt_table_extra_ids",
+    "OUT_SEED": "seed",
+    "OUT_MIN_TOKENS": "min_tokens",
 }
 # text API input -> engine input, passed through unchanged in value
 TEXT_TO_ENGINE = {
@@ -284,19 +352,25 @@ TEXT_TO_ENGINE = {
     "temperature": "temperature",
     "length_penalty": "len_penalty",
     "repetition_penalty": "repetition_penalty",
-    "min_length": "min_length",
     "presence_penalty": "presence_penalty",
     "frequency_penalty": "frequency_penalty",
-    "random_seed": "random_seed",
     "return_log_probs": "return_log_probs",
     "return_context_logits": "return_context_logits",
     "return_generation_logits": "return_generation_logits",
+    "return_perf_metrics": "return_perf_metrics",
+    "return_num_input_tokens": "return_num_input_tokens",
+    "return_num_output_tokens": "return_num_output_tokens",
     "num_return_sequences": "num_return_sequences",
     "beam_width": "beam_width",
     "stream": "streaming",
     "exclude_input_in_output": "exclude_input_in_output",
     "prompt_embedding_table": "prompt_embedding_table",
     "prompt_vocab_size": "prompt_vocab_size",
+    "lora_task_id": "lora_task_id",
+    "lora_weights": "lora_weights",
+    "lora_config": "lora_config",
+    "guided_decoding_guide_type": "guided_decoding_guide_type",
+    "guided_decoding_guide": "guided_decoding_guide",
 }
 # engine output -> text API output, passed through
 ENGINE_TO_TEXT = {spec.name: spec.name for spec in _GENERATION_DETAILS}

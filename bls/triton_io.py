@@ -7,6 +7,7 @@ without Triton.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import traceback
@@ -35,7 +36,9 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
 
     Triton 2.51 stops enforcing required inputs as soon as any optional input is present, so the
     check is repeated here. Dtype and dims were already checked by Triton against the config.
+    Request parameters are refused by name (see check_no_parameters).
     """
+    check_no_parameters(request.parameters())
     tensors: Tensors = {}
     for spec in contract.inputs:
         tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
@@ -45,6 +48,29 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
             continue
         tensors[spec.name] = tensor.as_numpy()
     return tensors
+
+
+# Parameters Triton's own clients and frontends attach to requests; they configure Triton, not the model.
+_TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", "binary_data")
+
+
+def check_no_parameters(raw: str | None) -> None:
+    """Refuse request parameters: these models take inputs only.
+
+    Triton's `generate` endpoint turns every JSON field that is not an input of the model into a request
+    parameter (and an ensemble forwards them to its steps), so a misspelt or unsupported field would
+    otherwise be dropped without a word: `{"seed": 1}` sent to a model without a `seed` input.
+    """
+    if not raw:
+        return
+    try:
+        parameters = json.loads(raw)
+    except json.JSONDecodeError:
+        return
+    for name in parameters:
+        if not name.startswith(_TRITON_PARAMETERS):
+            raise InvalidRequest(name, "is not an input of this model (Triton's generate endpoint passes fields "
+                                       "that are not inputs on as parameters, which these models do not use)")
 
 
 def model_parameters(model_config: Mapping[str, Any]) -> dict[str, str]:
@@ -118,13 +144,16 @@ class SafeSender:
     """A response sender that always ends the stream once and survives client disconnects.
 
     Every decoupled model must send the FINAL flag exactly once, also on errors, or the client hangs.
-    Sends from several threads are serialised (PB_LOCK).
+    A model that is not decoupled may use a sender too (Python backend >= 23.10), for exactly one response
+    with the FINAL flag: `decoupled=False` sends errors that way. Sends from several threads are
+    serialised (PB_LOCK).
     """
 
-    def __init__(self, request: Any, model_name: str):
+    def __init__(self, request: Any, model_name: str, decoupled: bool = True):
         with PB_LOCK:
             self._sender = request.get_response_sender()
         self._model_name = model_name
+        self._decoupled = decoupled
         self._closed = False
         self._cancelled = False
 
@@ -153,8 +182,9 @@ class SafeSender:
 
         Triton 2.51 never hands an error that carries the FINAL flag, after data responses, to a BLS
         caller's exec(decoupled=True) iterator (the BLS then waits forever); sent apart, both arrive.
+        Not decoupled: the one response is the error, with the FINAL flag.
         """
-        self._send(lambda: error_response(error, self._model_name), final=False)
+        self._send(lambda: error_response(error, self._model_name), final=not self._decoupled)
         self.finish()
 
     def finish(self) -> None:
@@ -244,9 +274,16 @@ class ChildModels:
             raise_for_error(response, model_name)
             return self._tensors(response, outputs)
 
+    def __init__(self, decoupled_engines: bool = True):
+        self._decoupled_engines = decoupled_engines
+
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]:
+        """The responses of an engine request; a non-decoupled engine answers with exactly one."""
         outputs = list(outputs)
+        if not self._decoupled_engines:
+            yield self.infer(model_name, inputs, outputs, request_id)
+            return
         with PB_LOCK:
             responses = iter(self._request(model_name, inputs, outputs, request_id).exec(decoupled=True))
         while True:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bls.batch import BatchInputs
+from bls.contract import RENAMED_INPUTS
 from bls.errors import InvalidRequest
 from bls.token_ids import check_token_ids
 from bls.word_lists import WordList
@@ -29,10 +30,10 @@ SUPPORTED_INPUTS = frozenset(
     {
         "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "draft_input_ids",
         "end_id", "pad_id", "stop_words_list", "bad_words_list", "embedding_bias", "beam_width",
-        "temperature", "runtime_top_k", "runtime_top_p", "repetition_penalty", "min_length",
-        "presence_penalty", "frequency_penalty", "random_seed", "return_log_probs",
-        "return_context_logits", "return_generation_logits", "exclude_input_in_output", "stop",
-        "streaming",
+        "temperature", "runtime_top_k", "runtime_top_p", "repetition_penalty", "min_tokens",
+        "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
+        "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
+        "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming",
         # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
         # ignores them, as the tensorrtllm backend does.
         "decoder_input_ids", "decoder_input_lengths",
@@ -40,6 +41,28 @@ SUPPORTED_INPUTS = frozenset(
         "len_penalty", "early_stopping", "beam_search_diversity_rate",
     }
 )
+# Why the rest is refused, by the first word of the input's name (the message names the input too).
+_UNSUPPORTED_FEATURES = {
+    "lora": "LoRA adapters are not supported by the embedded engine",
+    "guided": "guided decoding is not supported by the embedded engine",
+    "lookahead": "lookahead decoding is not supported by the embedded engine",
+    "retention": "KV-cache retention priorities are not supported by the embedded engine",
+    "draft": "draft logits are not supported by the embedded engine (draft_input_ids are)",
+    "context": "disaggregated serving (context phase parameters) is not supported by the embedded engine",
+    "prompt": "prompt tuning tables are not supported by the embedded engine",
+    "runtime": "top-p decay is not supported by the embedded engine",
+}
+_MULTIMODAL = "multimodal and encoder inputs are not supported by the embedded engine (a text-only Llama)"
+
+
+# v0.14 names the 1.2.1 backend no longer reads (it ignores them: a seed would do nothing).
+_OLD_NAMES = {old: new for old, (_, new) in RENAMED_INPUTS.items() if old != new}
+
+
+def unsupported_input_problem(name: str) -> str:
+    if name in _OLD_NAMES:
+        return f"is v0.14's name; TensorRT-LLM 1.2.1's engine reads {_OLD_NAMES[name]!r}, so does the embedded engine"
+    return _UNSUPPORTED_FEATURES.get(name.split("_")[0], _MULTIMODAL)
 
 
 @dataclass(frozen=True)
@@ -66,6 +89,10 @@ class GenerationRequest:
     return_log_probs: bool = False
     return_context_logits: bool = False
     return_generation_logits: bool = False
+    return_perf_metrics: bool = False
+    return_num_input_tokens: bool = False
+    return_num_output_tokens: bool = False
+    arrival_ns: int = 0  # time.time_ns() when the Triton request arrived (perf metrics)
 
     @property
     def stop_criteria(self) -> StopCriteria:
@@ -79,11 +106,12 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
 
 
 def parse_generation_requests(
-    inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool
+    inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool,
+    arrival_ns: int = 0,
 ) -> list[GenerationRequest]:
     for name in inputs:
         if name not in SUPPORTED_INPUTS:
-            raise InvalidRequest(name, "is not supported by the embedded engine")
+            raise InvalidRequest(name, unsupported_input_problem(name))
     for name in REQUIRED_INPUTS:
         if name not in inputs:
             raise InvalidRequest(name, "is required")
@@ -95,12 +123,14 @@ def parse_generation_requests(
         raise InvalidRequest("draft_input_ids", "needs a request with batch size 1")
     rows = BatchInputs(inputs, batch_size)
     return [
-        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input) for row in range(batch_size)
+        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input, arrival_ns)
+        for row in range(batch_size)
     ]
 
 
 def _parse_row(
-    rows: BatchInputs, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits, default_exclude_input: bool
+    rows: BatchInputs, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits,
+    default_exclude_input: bool, arrival_ns: int,
 ) -> GenerationRequest:
     vocab = limits.vocab_size
     prompt_len = rows.scalar("input_lengths", row, int)
@@ -162,6 +192,10 @@ def _parse_row(
         return_log_probs=rows.scalar("return_log_probs", row, bool, False),
         return_context_logits=rows.scalar("return_context_logits", row, bool, False),
         return_generation_logits=rows.scalar("return_generation_logits", row, bool, False),
+        return_perf_metrics=rows.scalar("return_perf_metrics", row, bool, False),
+        return_num_input_tokens=rows.scalar("return_num_input_tokens", row, bool, False),
+        return_num_output_tokens=rows.scalar("return_num_output_tokens", row, bool, False),
+        arrival_ns=arrival_ns,
     )
 
 
@@ -178,9 +212,9 @@ def _sampling_params(rows: BatchInputs, row: int, vocab: int) -> SamplingParams:
     repetition_penalty = rows.scalar("repetition_penalty", row, float, 1.0)
     if repetition_penalty <= 0:
         raise InvalidRequest("repetition_penalty", f"must be > 0, got {repetition_penalty}")
-    min_length = rows.scalar("min_length", row, int, 0)
-    if min_length < 0:
-        raise InvalidRequest("min_length", f"must be >= 0, got {min_length}")
+    min_tokens = rows.scalar("min_tokens", row, int, 0)
+    if min_tokens < 0:
+        raise InvalidRequest("min_tokens", f"must be >= 0, got {min_tokens}")
 
     bias = rows.item("embedding_bias", row, 1)
     if bias is not None and bias.shape[0] == 0:
@@ -195,8 +229,8 @@ def _sampling_params(rows: BatchInputs, row: int, vocab: int) -> SamplingParams:
         repetition_penalty=repetition_penalty,
         presence_penalty=rows.scalar("presence_penalty", row, float, 0.0),
         frequency_penalty=rows.scalar("frequency_penalty", row, float, 0.0),
-        random_seed=rows.scalar("random_seed", row, int, 0),
-        min_length=min_length,
+        seed=rows.scalar("seed", row, int, 0),
+        min_tokens=min_tokens,
         bad_words=_word_list(rows, "bad_words_list", row, vocab),
         embedding_bias=None if bias is None else bias.astype(np.float32),
     )

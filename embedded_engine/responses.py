@@ -16,6 +16,7 @@ the FINAL flag rides on the response that ends the last row.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Mapping, Protocol
 
 import numpy as np
@@ -24,6 +25,48 @@ from embedded_engine.request import GenerationRequest
 from embedded_engine.scheduler import EngineEvent
 
 Tensors = dict[str, np.ndarray]
+
+# The unit of the kv_cache_*_blocks perf metrics: the embedded engine's cache is not paged, so its use is
+# reported in blocks of this many tokens (trtllm-build's default --tokens_per_block is 32 as well).
+KV_BLOCK_TOKENS = 32
+
+
+@dataclass
+class _PerfMetrics:
+    """What `return_perf_metrics` reports for one sequence, gathered from its events."""
+
+    arrival_ns: int
+    scheduled_ns: int = 0
+    first_token_ns: int = 0
+    last_token_ns: int = 0
+    reused_tokens: int = 0
+    accepted_draft_tokens: int = 0
+
+    def add(self, event: EngineEvent) -> None:
+        if event.scheduled_ns is not None:
+            self.scheduled_ns, self.reused_tokens = event.scheduled_ns, event.reused_tokens
+        if event.token_ids:
+            self.first_token_ns = self.first_token_ns or event.time_ns
+            self.last_token_ns = event.time_ns
+        self.accepted_draft_tokens += event.accepted_draft_tokens
+
+    def tensors(self, request: GenerationRequest, generated: int) -> Tensors:
+        total_blocks = -(-(len(request.prompt) + generated) // KV_BLOCK_TOKENS)
+        reused_blocks = self.reused_tokens // KV_BLOCK_TOKENS
+        drafts = len(request.draft_tokens)
+        values = {
+            "kv_cache_alloc_new_blocks": (total_blocks - reused_blocks, np.int32),
+            "kv_cache_reused_blocks": (reused_blocks, np.int32),
+            "kv_cache_alloc_total_blocks": (total_blocks, np.int32),
+            "arrival_time_ns": (self.arrival_ns, np.int64),
+            "first_scheduled_time_ns": (self.scheduled_ns, np.int64),
+            "first_token_time_ns": (self.first_token_ns, np.int64),
+            "last_token_time_ns": (self.last_token_ns, np.int64),
+            "acceptance_rate": (self.accepted_draft_tokens / drafts if drafts else 0.0, np.float32),
+            "total_accepted_draft_tokens": (self.accepted_draft_tokens, np.int32),
+            "total_draft_tokens": (drafts, np.int32),
+        }
+        return {name: np.array([[value]], dtype) for name, (value, dtype) in values.items()}
 
 
 class ResponseAssembler:
@@ -38,15 +81,20 @@ class ResponseAssembler:
         self._log_probs: list[float] = []
         self._generation_logits: list[np.ndarray] = []
         self._context_logits: np.ndarray | None = None
+        self._generated = 0
+        self._perf = _PerfMetrics(request.arrival_ns)
 
     def add(self, event: EngineEvent) -> Tensors | None:
         """The tensors of the response this event causes, or None when it causes none."""
         request = self._request
         self._cum_log_prob += float(np.sum(event.log_probs, dtype=np.float64))
+        self._generated += len(event.token_ids)
+        self._perf.add(event)
         if request.streaming:
             if not event.token_ids and not event.finished and event.context_logits is None:
                 return None
-            return self._tensors(event.token_ids, event.log_probs, event.context_logits, event.generation_logits)
+            return self._tensors(event.token_ids, event.log_probs, event.context_logits, event.generation_logits,
+                                 len(event.token_ids))
         self._tokens.extend(event.token_ids)
         self._log_probs.extend(event.log_probs)
         if event.generation_logits is not None:
@@ -59,7 +107,7 @@ class ResponseAssembler:
         generation_logits = None
         if request.return_generation_logits:
             generation_logits = np.concatenate(self._generation_logits) if self._generation_logits else None
-        return self._tensors(tokens, self._log_probs, self._context_logits, generation_logits)
+        return self._tensors(tokens, self._log_probs, self._context_logits, generation_logits, self._generated)
 
     def _tensors(
         self,
@@ -67,6 +115,7 @@ class ResponseAssembler:
         log_probs: list[float],
         context_logits: np.ndarray | None,
         generation_logits: np.ndarray | None,
+        new_tokens: int,
     ) -> Tensors:
         request = self._request
         outputs: Tensors = {
@@ -84,6 +133,12 @@ class ResponseAssembler:
             outputs["generation_logits"] = generation_logits.astype(np.float32, copy=False)[np.newaxis, np.newaxis]
         if request.batch_size > 1:
             outputs["batch_index"] = np.array([[request.batch_index]], np.int32)
+        if request.return_num_input_tokens:
+            outputs["num_input_tokens"] = np.array([[len(request.prompt)]], np.int32)
+        if request.return_num_output_tokens:  # the generated tokens this response carries
+            outputs["num_output_tokens"] = np.array([[new_tokens]], np.int32)
+        if request.return_perf_metrics:
+            outputs.update(self._perf.tensors(request, self._generated))
         return outputs
 
 
@@ -180,12 +235,14 @@ def merge_events(events: list[EngineEvent]) -> EngineEvent:
 class ResponseDispatcher:
     """Sends responses on its own thread, so the engine never waits for Triton.
 
-    Events wait in a queue; each round, every sequence's waiting events go out as one response. While
-    sending keeps up with generation that is one token per response; when it does not (many streams, slow
-    consumers), a response carries every token ready since the previous one instead of falling behind.
+    Events wait in a queue and go out in order, one response per engine step, as TensorRT-LLM's C++ backend
+    streams (one response per generated token): what every benchmark and soak must load the layers above
+    with. With `merge`, each round sends a sequence's waiting events as one response instead, so a CPU box
+    whose sending falls behind generation catches up; a figure measured that way must say so.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, merge: bool = False) -> None:
+        self._merge = merge
         self._pending: dict[int, tuple[TritonRequestStream, list[EngineEvent]]] = {}
         self._wakeup = threading.Condition()
         self._running = True
@@ -217,4 +274,8 @@ class ResponseDispatcher:
                 batch, self._pending = self._pending, {}
             # First responses first: a new request's time to first token does not wait behind long streams.
             for stream, events in sorted(batch.values(), key=lambda item: item[0].started):
-                stream.on_event(merge_events(events))
+                if self._merge:
+                    stream.on_event(merge_events(events))
+                else:
+                    for event in events:
+                        stream.on_event(event)

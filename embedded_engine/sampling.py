@@ -1,6 +1,6 @@
 """Choosing the next token from a row of logits, the way TensorRT-LLM's sampling layers do.
 
-Order of the logits processing (TensorRT-LLM's): embedding_bias, bad words, min_length, repetition
+Order of the logits processing (TensorRT-LLM's): embedding_bias, bad words, min_tokens, repetition
 penalty, presence/frequency penalties, temperature, then top_k and top_p.
 
 Choices made where TensorRT-LLM leaves room (documented here because clients see them):
@@ -8,10 +8,10 @@ Choices made where TensorRT-LLM leaves room (documented here because clients see
   Temperature does not change a greedy choice, and is not applied to a greedy request's log-probs.
 - The returned log-prob is the log_softmax of the processed logits (after penalties and temperature,
   before the top_k/top_p truncation), i.e. the model's belief after the request's adjustments.
-- Without random_seed the seed is 0 (TensorRT-LLM's default), so a sampled request is reproducible.
+- Without a seed the seed is 0 (TensorRT-LLM's default), so a sampled request is reproducible.
 - repetition_penalty follows transformers (divide positive logits, multiply negative ones) over the
   prompt and the output; presence/frequency follow OpenAI (subtract) over the output only.
-- min_length bans end_id and every token that would complete a stop word until min_length tokens
+- min_tokens bans end_id and every token that would complete a stop word until min_tokens tokens
   have been generated.
 """
 
@@ -34,8 +34,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    random_seed: int = 0
-    min_length: int = 0
+    seed: int = 0
+    min_tokens: int = 0
     bad_words: WordList = field(default_factory=WordList)
     embedding_bias: np.ndarray | None = None  # [vocab] float32
 
@@ -98,7 +98,7 @@ class TokenSampler:
         self._num_generated = 0
         bias = params.embedding_bias
         self._bias = None if bias is None else torch.from_numpy(np.asarray(bias, np.float32))
-        self._generator = None if params.greedy else torch.Generator().manual_seed(params.random_seed)
+        self._generator = None if params.greedy else torch.Generator().manual_seed(params.seed)
         self._seen = _TokenIds(prompt) if params.repetition_penalty != 1.0 else None
         self._output_ids: _TokenIds | None = None
         self._output_counts: torch.Tensor | None = None
@@ -128,7 +128,7 @@ class TokenSampler:
         if self._bias is not None:
             logits, owned = logits + self._bias, True
         banned = params.bad_words.completing_tokens(tokens) if params.bad_words else set()
-        if self._num_generated < params.min_length:
+        if self._num_generated < params.min_tokens:
             if self._end_id is not None:
                 banned.add(self._end_id)
             if self._stop_words:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Sequence
@@ -98,6 +99,9 @@ class EngineEvent:
     finished: bool = False
     finish_reason: FinishReason | None = None
     error: BaseException | None = None
+    time_ns: int = field(default_factory=time.time_ns)  # when the engine produced it (perf metrics)
+    scheduled_ns: int | None = None  # first event of a sequence: when its prefill started
+    reused_tokens: int = 0  # first event: prompt tokens whose KV cache was reused from an earlier request
 
 
 EventCallback = Callable[[EngineEvent], None]
@@ -235,6 +239,8 @@ class Engine:
         prompt_len = len(request.prompt)
         runner = self._runner
         prefill = sequence.cache is None
+        scheduled_ns = time.time_ns() if prefill else None
+        reused = 0
         if prefill:  # the prompt, with the draft tokens verified in the same forward pass
             sequence.sampler = TokenSampler(
                 request.sampling, runner.vocab_size, request.prompt, request.end_id, request.stop_words,
@@ -267,6 +273,8 @@ class Engine:
             accepted_draft_tokens=step.accepted_drafts,
             finished=step.finish_reason is not None,
             finish_reason=step.finish_reason,
+            scheduled_ns=scheduled_ns,
+            reused_tokens=reused,
         )
 
     def _take_cache(self, sequence: _Sequence) -> int:

@@ -88,6 +88,8 @@ def cmd_assemble(args) -> None:
     settings = RepositorySettings(
         engine=args.engine, tokenizer_dir=args.tokenizer, target=args.target, draft=args.draft,
         synthetic=args.synthetic, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
+        world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len,
     )
     out = assemble_repository(args.repo, settings)
@@ -135,12 +137,13 @@ def cmd_repo(args) -> None:
     cmd_assemble(args)
 
 
-def _limits(parser: argparse.ArgumentParser) -> None:
+def _limits(parser: argparse.ArgumentParser, max_draft_len: int) -> None:
     parser.add_argument("--max-batch-size", type=int, default=8)
     parser.add_argument("--max-input-len", type=int, default=3072)
     parser.add_argument("--max-seq-len", type=int, default=4096)
     parser.add_argument("--max-num-tokens", type=int, default=8192)
-    parser.add_argument("--max-draft-len", type=int, default=8)
+    parser.add_argument("--max-draft-len", type=int, default=max_draft_len,
+                        help="draft tokens a target engine verifies per step (0: an engine without a draft)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -166,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
-    _limits(p)
+    _limits(p, max_draft_len=0)  # draft-capable only when asked: such an engine needs KV reuse
     p.set_defaults(func=cmd_build)
 
     for name, func, help_text in (("assemble", cmd_assemble, "checkpoints/engines + configs -> repository"),
@@ -175,7 +178,14 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--engine", choices=("embedded", "trtllm"), default="embedded")
         p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
         p.add_argument("--synthetic", action="store_true", help="embedded engine emits tokens without a model")
-        _limits(p)
+        p.add_argument("--decoupled", action=argparse.BooleanOptionalAction, default=True,
+                       help="streaming models (Triton's decoupled transaction policy); --no-decoupled for unary clients")
+        p.add_argument("--query-special-tokens", choices=("text", "parse"), default="text",
+                       help="text (default): <|...|> strings in text_input stay text; parse: a trusted front end "
+                            "(Triton's OpenAI frontend) sends prompts it rendered with the chat template")
+        _limits(p, max_draft_len=8)  # used only when a draft model is given
+        p.add_argument("--tp", type=int, default=1)
+        p.add_argument("--pp", type=int, default=1)
         if name == "assemble":
             p.add_argument("--tokenizer", type=Path, required=True)
             p.add_argument("--target", type=Path, required=True)
@@ -186,8 +196,6 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--draft-hf-model", type=Path)
             p.add_argument("--quantize", action="store_true", help="embedded + HF_MODEL: serve an AWQ copy")
             p.add_argument("--seed", type=int, default=0)
-            p.add_argument("--tp", type=int, default=1)
-            p.add_argument("--pp", type=int, default=1)
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)

@@ -167,6 +167,14 @@ def _carry_rope_fields(config: dict, hf_config: dict) -> None:
         )
 
 
+def export_dtype(hf_config: dict) -> str:
+    """The checkpoint's torch_dtype, as TensorRT-LLM's quantize.py takes it with --dtype auto: bfloat16 for
+    Llama 3 (Meta ships bf16 weights). A float32 checkpoint (our tiny default) exports float16: TensorRT-LLM
+    runs the unquantized layers of an AWQ engine in 16 bits."""
+    configured = str(hf_config.get("torch_dtype") or hf_config.get("dtype") or "float16").removeprefix("torch.")
+    return configured if configured in ("bfloat16", "float16") else "float16"
+
+
 def quantize_awq(
     hf_dir: Path,
     out_dir: Path,
@@ -176,17 +184,19 @@ def quantize_awq(
     tp_size: int = 1,
     pp_size: int = 1,
     device: str | None = None,
-    dtype: str = "float16",
+    dtype: str = "auto",
 ) -> Path:
     """Quantize an HF LlamaForCausalLM dir to a TensorRT-LLM W4A16_AWQ checkpoint in out_dir.
 
     calib_texts defaults to engine_build/data/calibration.txt; device to CUDA when available.
-    dtype is the type of the unquantized tensors (embeddings, norms, lm_head) in the checkpoint.
+    dtype is the type of the unquantized tensors (embeddings, norms, lm_head) in the checkpoint; "auto"
+    takes the checkpoint's own (see export_dtype).
     """
     import torch
 
     hf_dir = Path(hf_dir)
     hf_config = check_hf_checkpoint(hf_dir, group_size)
+    dtype = export_dtype(hf_config) if dtype == "auto" else dtype
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     texts = calib_texts if calib_texts is not None else read_calibration_texts()
     model = awq_calibrated_model(hf_dir, texts, group_size, device)

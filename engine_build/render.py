@@ -11,8 +11,7 @@ import re
 from pathlib import Path
 from typing import Mapping
 
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+import sys
 
 from bls.contract import CONTRACTS, ensemble_scheduling_pbtxt
 
@@ -48,9 +47,32 @@ def _format(value: object) -> str:
     return str(value)
 
 
-def parse_model_config(text: str, source: str) -> model_config_pb2.ModelConfig:
+def _model_config_schema():
+    """Triton's ModelConfig message, from tritonclient; None where it cannot be imported (the NGC server
+    container need not have tritonclient, and its protobuf may refuse that package's generated code)."""
     try:
-        return text_format.Parse(text, model_config_pb2.ModelConfig())
+        from tritonclient.grpc import model_config_pb2
+    except Exception as error:  # noqa: BLE001 - ImportError, or protobuf's gencode/runtime version errors
+        if not _warned:
+            _warned.append(True)
+            print(f"[render] Triton's ModelConfig schema is not importable here ({type(error).__name__}: {error}); "
+                  "configs are rendered strictly but not parsed (tritonserver parses them at load)", file=sys.stderr)
+        return None
+    return model_config_pb2.ModelConfig
+
+
+_warned: list[bool] = []
+
+
+def parse_model_config(text: str, source: str):
+    """The rendered text as a ModelConfig protobuf (None when the schema is not importable here)."""
+    schema = _model_config_schema()
+    if schema is None:
+        return None
+    from google.protobuf import text_format
+
+    try:
+        return text_format.Parse(text, schema())
     except text_format.ParseError as error:
         raise TemplateError(f"{source}: rendered config is not a valid Triton ModelConfig: {error}") from error
 

@@ -46,11 +46,18 @@ class RepositorySettings:
     add_special_tokens: bool = True
     query_special_tokens: str = "text"
     accumulate_tokens: bool = False
+    # Triton's decoupled transaction policy for the engines and the BLS (upstream's decoupled_mode): false
+    # serves clients that use unary RPCs (no streaming), e.g. inflight_batcher_llm_client.py without
+    # --streaming and e2e_grpc_speculative_decoding_client.py.
+    decoupled: bool = True
     synthetic: bool = False
+    # Embedded engine: merge streamed tokens that wait for sending into one response (never on a GPU).
+    merge_streamed_tokens: bool = False
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
     # so the two fractions stay well under 1 together.
+    world_size: int = 1  # TP x PP of the engines (trtllm)
     target_kv_cache_fraction: float = 0.85
     target_kv_cache_fraction_with_draft: float = 0.5
     draft_kv_cache_fraction: float = 0.25
@@ -98,6 +105,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
         "max_draft_len": settings.max_draft_len if settings.draft else 0,
+        "decoupled_mode": settings.decoupled,
     })
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
@@ -132,7 +140,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
     common = {
         "model_name": name,
         "triton_max_batch_size": settings.triton_max_batch_size,
-        "decoupled_mode": True,
+        "decoupled_mode": settings.decoupled,
         "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
         "max_queue_size": settings.max_queue_size,
     }
@@ -145,6 +153,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "max_active_requests": settings.max_active_requests,
             "exclude_input_in_output": settings.exclude_input_in_output,
             "synthetic": settings.synthetic,
+            "merge_streamed_tokens": settings.merge_streamed_tokens,
             "torch_threads": settings.torch_threads,
         }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / "checkpoint")
@@ -164,11 +173,21 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         # Draft-target speculative decoding reuses the KV cache of accepted tokens on both models.
         "enable_kv_cache_reuse": settings.draft is not None,
         "exclude_input_in_output": settings.exclude_input_in_output,
+        "orchestrator_parameters": _orchestrator_parameters(settings),
     }, contract_name=TARGET_MODEL)
     (out / name / "config.pbtxt").write_text(config)
     from engine_build.trtllm import copy_engine
 
     copy_engine(source, version_dir)
+
+
+def _orchestrator_parameters(settings: RepositorySettings) -> str:
+    """gpu_device_ids for a repository served in orchestrator mode (a draft beside the target): both models'
+    ranks on GPUs 0..world_size-1, the draft built with the same TP x PP. Leader mode needs none."""
+    if not settings.draft:
+        return ""
+    devices = ",".join(str(gpu) for gpu in range(settings.world_size))
+    return f'parameters {{ key: "gpu_device_ids" value: {{ string_value: "{devices}" }} }}'
 
 
 def _link_tree(source: Path, dest: Path) -> None:

@@ -10,6 +10,7 @@ LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's st
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
@@ -102,8 +103,17 @@ def server_command(
     address: str = "0.0.0.0",
     world_size: int = 1,
     engine_model_names: tuple[str, ...] = ("tensorrt_llm",),
+    orchestrator: bool = False,
     extra_args: tuple[str, ...] = (),
 ) -> list[str]:
+    """tritonserver's argv, launched as TensorRT-LLM's launch_triton_server.py launches it.
+
+    Leader mode (one TensorRT-LLM model): MPI world size = TP x PP, one tritonserver per rank; ranks > 0
+    load only the engine. Orchestrator mode (several TensorRT-LLM models, e.g. a target and its draft;
+    upstream's --multi-model): one tritonserver (world size 1) whose executor spawns a worker process per
+    engine rank (executor_worker_path), each model placed by its gpu_device_ids; it needs
+    ORCHESTRATOR_ENVIRONMENT, and the CUDA memory pools off as upstream sets them.
+    """
     install = find_tritonserver()
 
     def rank_args(rank: int) -> list[str]:
@@ -130,12 +140,25 @@ def server_command(
             args += ["--model-control-mode=explicit"] + [f"--load-model={name}" for name in engine_model_names]
         return args + list(extra_args)
 
+    if orchestrator:
+        pools = [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(world_size)]
+        return ["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0), "--pinned-memory-pool-byte-size=0",
+                "--enable-peer-access=false", *pools]
     if world_size == 1:
         return rank_args(0)
     command = ["mpirun", "--allow-run-as-root"]
     for rank in range(world_size):
         command += ["-n", "1", *rank_args(rank), ":"]
     return command[:-1]
+
+
+# Upstream's --multi-model: the tensorrtllm backend runs as orchestrator and spawns its worker processes.
+ORCHESTRATOR_ENVIRONMENT = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def needs_orchestrator(manifest: dict) -> bool:
+    """Several TensorRT-LLM models in one repository (a target and its draft) need orchestrator mode."""
+    return manifest.get("engine") == "trtllm" and bool(manifest.get("draft"))
 
 
 @dataclass
@@ -218,9 +241,17 @@ def is_ready(http_url: str) -> bool:
 
 def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
     """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
-    command = server_command(repo, ports, world_size=world_size)
+    manifest_file = repo / "repository.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    orchestrator = needs_orchestrator(manifest)
+    engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
+    command = server_command(repo, ports, world_size=world_size, engine_model_names=engines, orchestrator=orchestrator)
+    env = server_environment()
+    if orchestrator:
+        env.update(ORCHESTRATOR_ENVIRONMENT)
+        print("orchestrator mode (target + draft): " + " ".join(f"{k}={v}" for k, v in ORCHESTRATOR_ENVIRONMENT.items()))
     print("+ " + " ".join(command), flush=True)
-    process = subprocess.Popen(command, env=server_environment())
+    process = subprocess.Popen(command, env=env)
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
     try:
         while not is_ready(f"127.0.0.1:{ports.http}"):

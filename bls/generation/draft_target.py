@@ -29,7 +29,7 @@ from bls.word_lists import WordList
 Tensors = dict[str, np.ndarray]
 OUTPUTS = ("output_ids", "sequence_length")
 # Target inputs that only make sense for the first round or are decided per round here.
-_PER_ROUND = {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "min_length",
+_PER_ROUND = {"input_ids", "input_lengths", "request_output_len", "draft_input_ids", "min_tokens",
               "streaming", "exclude_input_in_output"}
 # What the draft gets: it proposes greedily; the target alone decides the output.
 _DRAFT_INPUTS = ("end_id", "pad_id", "bad_words_list", "embedding_bias")
@@ -63,7 +63,7 @@ class DraftTargetDecoder:
         """Generate with drafts; `on_tokens(new_tokens, {})` gets each round's tokens, False = cancelled."""
         sequence = engine_inputs["input_ids"].reshape(-1).tolist()
         max_tokens = int(engine_inputs["request_output_len"].reshape(-1)[0])
-        min_length = int(engine_inputs["min_length"].reshape(-1)[0]) if "min_length" in engine_inputs else 0
+        min_tokens = int(engine_inputs["min_tokens"].reshape(-1)[0]) if "min_tokens" in engine_inputs else 0
         stop_words = WordList.from_tensor("stop_words_list", engine_inputs.get("stop_words_list"))
         target_common = {k: v for k, v in engine_inputs.items() if k not in _PER_ROUND}
         draft_common = {k: v for k, v in engine_inputs.items() if k in _DRAFT_INPUTS}
@@ -76,8 +76,8 @@ class DraftTargetDecoder:
             target_inputs = dict(target_common)
             if draft:
                 target_inputs["draft_input_ids"] = np.array([draft], dtype=np.int32)
-            if min_length > len(generated):
-                target_inputs["min_length"] = np.array([[min_length - len(generated)]], dtype=np.int32)
+            if min_tokens > len(generated):
+                target_inputs["min_tokens"] = np.array([[min_tokens - len(generated)]], dtype=np.int32)
             new = self._call(self.target_model, target_inputs, sequence, len(draft) + 1, f"{request_id}-t{stats.rounds}")
 
             stats.rounds += 1

@@ -29,6 +29,11 @@ from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
 
+MULTIMODAL_INPUTS = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
+# Engine outputs passed on to the client as they are. Token counts are not: the BLS counts tokens itself
+# (a streamed response's num_output_tokens is the running total of the stream).
+_PASSED_ON = tuple(name for name in ENGINE_TO_TEXT if name not in ("batch_index", "num_input_tokens", "num_output_tokens"))
+
 
 class ModelCaller(Protocol):
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
@@ -53,6 +58,10 @@ class BlsConfig:
     max_draft_len: int
     accumulate_tokens: bool
     skip_special_tokens: bool
+    # Whether this model and the engines stream (Triton's decoupled transaction policy; upstream's
+    # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
+    # without streaming, so a client that leaves cannot stop a generation half-way.
+    decoupled: bool = True
 
 
 @dataclass(frozen=True)
@@ -78,8 +87,14 @@ class TextRequest:
         if (max_tokens <= 0).any():
             raise InvalidRequest("max_tokens", f"must be > 0, got {int(max_tokens.min())}")
 
+        for name in MULTIMODAL_INPUTS:
+            if name in inputs:
+                raise InvalidRequest(name, "multimodal input is not supported: this repository serves a text model")
         rows = BatchInputs(inputs, batch_size)
         stream = rows.uniform_scalar("stream", bool, False)
+        if stream and not config.decoupled:
+            raise InvalidRequest("stream", "needs the model deployed with a decoupled transaction policy "
+                                           "(make repo DECOUPLED=true)")
         beam_width = rows.uniform_scalar("beam_width", int, 1)
         if beam_width != 1:
             problem = "streaming needs beam_width 1" if stream else "only beam_width 1 is supported"
@@ -163,7 +178,7 @@ class TextGenerator:
         else:
             texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results)]
             outputs = self._summary(request, results)
-            outputs["text_output"] = np.array([[t.encode()] for t in texts], dtype=object)
+            outputs["text_output"] = _strings(texts)
             sink.send(outputs, final=True)
 
     # -- one batch row -----------------------------------------------------------------------------------
@@ -204,14 +219,14 @@ class TextGenerator:
                        on_tokens: Callable[[list[int], Tensors], bool]) -> FinishReason:
         """Plain generation. The engine always streams to us, so a cancelled client stops it between tokens."""
         inputs = dict(engine_inputs)
-        inputs["streaming"] = np.array([[True]])
+        inputs["streaming"] = np.array([[self.config.decoupled]])
         inputs["exclude_input_in_output"] = np.array([[True]])
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
         for response in self.models.stream(self.config.engine_model, inputs, self.ENGINE_OUTPUTS, child_id):
             tokens = response_tokens(response)
             generated += len(tokens)
-            extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in ENGINE_TO_TEXT and k != "batch_index"}
+            extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in _PASSED_ON}
             if not on_tokens(tokens, extra if request.stream else {}):
                 self.stop_engine(self.config.engine_model, child_id)
                 return FinishReason.CANCELLED
@@ -246,7 +261,7 @@ class TextGenerator:
             "num_output_tokens": np.array([[len(r.token_ids)] for r in results], dtype=np.int32),
         }
         if request.stream:
-            outputs["text_output"] = np.array([[r.stream_tail.encode()] for r in results], dtype=object)
+            outputs["text_output"] = _strings([r.stream_tail for r in results])
         if request.num_draft_tokens > 0:
             stats = [r.speculation for r in results]
             outputs["total_draft_tokens"] = np.array([[s.draft_tokens] for s in stats], dtype=np.int32)
@@ -275,7 +290,7 @@ class _TextStreamer:
             return {}
         self._num_tokens += len(tokens)
         outputs = {
-            "text_output": np.array([[self._text(delta).encode()]], dtype=object),
+            "text_output": _strings([self._text(delta)]),
             # Running count: a response may carry several tokens when the engine's sending fell behind.
             "num_output_tokens": np.array([[self._num_tokens]], dtype=np.int32),
         }
@@ -292,6 +307,11 @@ class _TextStreamer:
             return delta
         self._text_so_far += delta
         return self._text_so_far
+
+
+def _strings(texts: list[str]) -> np.ndarray:
+    """text_output: one string per row, 1-D, as NVIDIA's models send it (its clients read output[0])."""
+    return np.array([text.encode() for text in texts], dtype=object)
 
 
 def _row_prompt(pre: Tensors, row: int) -> list[int]:

@@ -43,6 +43,5 @@ class Postprocessor:
             check_token_ids("TOKENS_BATCH", ids, self.bundle.vocab_size)
         texts = self.bundle.decode_batch([ids.tolist() for ids in sequences], self.skip_special_tokens)
 
-        output = np.empty(tokens.shape[:2], dtype=object)
-        output.reshape(-1)[:] = [text.encode("utf-8") for text in texts]
-        return {"OUTPUT": output}
+        # [batch * beam], 1-D, as upstream's postprocessing returns it (clients read OUTPUT[0] as a string).
+        return {"OUTPUT": np.array([text.encode("utf-8") for text in texts], dtype=object)}

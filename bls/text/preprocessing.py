@@ -113,6 +113,7 @@ class Preprocessor:
             "OUT_END_ID": end_ids,
             "OUT_PAD_ID": pad_ids,
         }
+        outputs.update(renamed_sampling_inputs(rows))
         if "PROMPT_TABLE_EXTRA_ID" in inputs:
             extra_ids = np.asarray(inputs["PROMPT_TABLE_EXTRA_ID"], np.uint64).reshape(batch, -1)[:, :1]
             # Ids past the vocabulary address prompt-table rows; the extra id tags those positions (for KV
@@ -187,3 +188,22 @@ def _pad(sequences: list[list[int]], pad_ids: list[int]) -> tuple[np.ndarray, np
         padded[row, : len(ids)] = ids
     lengths = np.array([[len(ids)] for ids in sequences], np.int32)
     return padded, lengths
+
+
+def renamed_sampling_inputs(rows: BatchInputs) -> Tensors:
+    """OUT_SEED / OUT_MIN_TOKENS from the 1.2 name or v0.14's (SEED or RANDOM_SEED, MIN_TOKENS or
+    MIN_LENGTH), present only when the client sent one. Both names with different values is an error:
+    which one the client meant cannot be guessed."""
+    outputs: Tensors = {}
+    pairs = (("OUT_SEED", "SEED", "RANDOM_SEED", np.uint64), ("OUT_MIN_TOKENS", "MIN_TOKENS", "MIN_LENGTH", np.int32))
+    for output, new_name, old_name, dtype in pairs:
+        given = [name for name in (new_name, old_name) if rows.has(name)]
+        if not given:
+            continue
+        columns = [np.array([rows.scalar(name, row, int) for row in range(rows.batch_size)]) for name in given]
+        if len(columns) == 2 and not np.array_equal(*columns):
+            raise InvalidRequest(new_name, f"is also given as {old_name} (its v0.14 name), with a different value")
+        if dtype is np.int32 and (columns[0] < 0).any():
+            raise InvalidRequest(given[0], f"must be >= 0, got {int(columns[0].min())}")
+        outputs[output] = columns[0].astype(dtype).reshape(-1, 1)
+    return outputs

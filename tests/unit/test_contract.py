@@ -1,57 +1,63 @@
-"""The tensor contract keeps NVIDIA's v0.14 names, dtypes and dims (upstream clients must work unchanged)."""
+"""Conformance: our contracts against NVIDIA's, recorded as data in upstream_contracts.py.
+
+The engine must be exactly TensorRT-LLM 1.2.1's (the C++ backend ignores unknown names, so any drift is a
+silent no-op on a GPU). The text models must take every input of both generations (v0.14 and 1.2) with
+upstream's dtype and dims; where upstream requires an input and we do not (text_input / QUERY, which
+`messages` may replace), the model checks it itself.
+"""
 
 from bls.contract import CONTRACTS, ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
+from tests.unit import upstream_contracts as upstream
 
-# (name, data_type, dims) as declared by inflight_batcher_llm v0.14 (reference §1).
-V014_ENGINE_INPUTS = {
-    ("input_ids", "TYPE_INT32", (-1,)), ("input_lengths", "TYPE_INT32", (1,)),
-    ("request_output_len", "TYPE_INT32", (1,)), ("draft_input_ids", "TYPE_INT32", (-1,)),
-    ("end_id", "TYPE_INT32", (1,)), ("pad_id", "TYPE_INT32", (1,)),
-    ("stop_words_list", "TYPE_INT32", (2, -1)), ("bad_words_list", "TYPE_INT32", (2, -1)),
-    ("embedding_bias", "TYPE_FP32", (-1,)), ("beam_width", "TYPE_INT32", (1,)),
-    ("temperature", "TYPE_FP32", (1,)), ("runtime_top_k", "TYPE_INT32", (1,)), ("runtime_top_p", "TYPE_FP32", (1,)),
-    ("repetition_penalty", "TYPE_FP32", (1,)), ("min_length", "TYPE_INT32", (1,)),
-    ("presence_penalty", "TYPE_FP32", (1,)), ("frequency_penalty", "TYPE_FP32", (1,)),
-    ("random_seed", "TYPE_UINT64", (1,)), ("return_log_probs", "TYPE_BOOL", (1,)),
-    ("return_context_logits", "TYPE_BOOL", (1,)), ("return_generation_logits", "TYPE_BOOL", (1,)),
-    ("exclude_input_in_output", "TYPE_BOOL", (1,)), ("stop", "TYPE_BOOL", (1,)), ("streaming", "TYPE_BOOL", (1,)),
-}
-V014_ENGINE_OUTPUTS = {
-    ("output_ids", "TYPE_INT32", (-1, -1)), ("sequence_length", "TYPE_INT32", (-1,)),
-    ("cum_log_probs", "TYPE_FP32", (-1,)), ("output_log_probs", "TYPE_FP32", (-1, -1)),
-    ("context_logits", "TYPE_FP32", (-1, -1)), ("generation_logits", "TYPE_FP32", (-1, -1, -1)),
-    ("batch_index", "TYPE_INT32", (1,)), ("sequence_index", "TYPE_INT32", (1,)),
-}
+# Required upstream, optional here because `messages` / MESSAGES may replace them.
+OPTIONAL_HERE = {"text_input", "QUERY"}
 
 
-def _triples(specs):
+def _inputs(specs):
+    return {(s.name, s.data_type, s.dims, s.optional or False) for s in specs}
+
+
+def _outputs(specs):
     return {(s.name, s.data_type, s.dims) for s in specs}
 
 
-def test_engine_contract_is_v014():
-    assert V014_ENGINE_INPUTS <= _triples(TENSORRT_LLM.inputs)
-    assert V014_ENGINE_OUTPUTS <= _triples(TENSORRT_LLM.outputs)
-    required = {s.name for s in TENSORRT_LLM.inputs if not s.optional}
-    assert required == {"input_ids", "input_lengths", "request_output_len"}
+def _relaxed(entries):
+    """Upstream input entries with the inputs we make optional marked optional."""
+    return {(n, t, d, o or n in OPTIONAL_HERE) for n, t, d, o in entries}
 
 
-def test_pre_and_postprocessing_names():
-    assert {"QUERY", "REQUEST_OUTPUT_LEN", "BAD_WORDS_DICT", "STOP_WORDS_DICT", "END_ID", "PAD_ID"} <= {
-        s.name for s in PREPROCESSING.inputs}
-    assert PREPROCESSING.output("STOP_WORDS_IDS").dims == (2, -1)
-    assert PREPROCESSING.output("INPUT_ID").data_type == "TYPE_INT32"
-    assert _triples(POSTPROCESSING.inputs) == {("TOKENS_BATCH", "TYPE_INT32", (-1, -1)),
-                                               ("SEQUENCE_LENGTH", "TYPE_INT32", (-1,))}
+def test_engine_contract_is_exactly_1_2_1():
+    ours = {(s.name, s.data_type, s.dims, s.optional, s.reshape_scalar, s.allow_ragged_batch) for s in TENSORRT_LLM.inputs}
+    assert ours == upstream.V121_ENGINE_INPUTS
+    assert _outputs(TENSORRT_LLM.outputs) == upstream.V121_ENGINE_OUTPUTS
+    assert not any(s.extension for s in TENSORRT_LLM.inputs + TENSORRT_LLM.outputs)
 
 
-def test_extensions_are_optional_so_v014_clients_never_see_them():
+def test_text_api_takes_every_input_of_both_generations():
+    for contract, extra_121, extra_014 in (
+        (ENSEMBLE, set(), set()),
+        (TENSORRT_LLM_BLS, upstream.V121_BLS_EXTRA_INPUTS, upstream.V014_BLS_EXTRA_INPUTS),
+    ):
+        ours = _inputs(contract.inputs)
+        assert _relaxed(upstream.V121_TEXT_INPUTS | extra_121) <= ours
+        assert _relaxed(upstream.V014_TEXT_INPUTS | extra_014) <= ours
+        assert _outputs(contract.outputs) >= upstream.V121_TEXT_OUTPUTS | upstream.V014_TEXT_OUTPUTS
+        # Everything beyond upstream's is ours, optional, and marked as an extension.
+        upstream_names = {e[0] for e in upstream.V121_TEXT_INPUTS | upstream.V014_TEXT_INPUTS | extra_121 | extra_014}
+        for spec in contract.inputs:
+            if spec.name not in upstream_names:
+                assert spec.extension and spec.optional, spec.name
+
+
+def test_pre_and_postprocessing_keep_upstream_names():
+    assert _relaxed(upstream.V014_PREPROCESSING_INPUTS) <= _inputs(PREPROCESSING.inputs)
+    assert upstream.V014_PREPROCESSING_OUTPUTS <= _outputs(PREPROCESSING.outputs)
+    inputs, outputs = upstream.V014_POSTPROCESSING
+    assert _inputs(POSTPROCESSING.inputs) == inputs and _outputs(POSTPROCESSING.outputs) == outputs
+
+
+def test_extensions_are_optional_so_upstream_clients_never_see_them():
     for contract in CONTRACTS.values():
         for spec in contract.inputs:
             if spec.extension:
                 assert spec.optional, spec.name
-
-
-def test_text_api_shared_by_ensemble_and_bls():
-    assert _triples(ENSEMBLE.inputs) <= _triples(TENSORRT_LLM_BLS.inputs)
-    assert ENSEMBLE.input("max_tokens").optional is False
-    assert TENSORRT_LLM_BLS.output("text_output").dims == (-1,)

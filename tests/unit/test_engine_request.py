@@ -37,7 +37,7 @@ def test_minimal_request_defaults():
     assert request.max_new_tokens == 8
     assert request.end_id is None  # never stop on a token unless asked
     assert request.sampling.greedy
-    assert request.sampling.random_seed == 0
+    assert request.sampling.seed == 0
     assert not request.streaming and not request.exclude_input_in_output
     assert not request.stop_words and not request.sampling.bad_words
     assert request.batch_size == 1 and request.batch_index == 0
@@ -76,8 +76,8 @@ def test_all_supported_inputs_are_read():
         repetition_penalty=np.array([1.1], np.float32),
         presence_penalty=np.array([0.5], np.float32),
         frequency_penalty=np.array([0.25], np.float32),
-        min_length=np.array([3], np.int32),
-        random_seed=np.array([2**64 - 1], np.uint64),
+        min_tokens=np.array([3], np.int32),
+        seed=np.array([2**64 - 1], np.uint64),
         draft_input_ids=np.array([[1, 2]], np.int32),
         streaming=np.array([True]),
         exclude_input_in_output=np.array([False]),
@@ -97,7 +97,7 @@ def test_all_supported_inputs_are_read():
     assert (sampling.temperature, sampling.top_k) == (pytest.approx(0.7), 10)
     assert sampling.top_p == pytest.approx(0.9)
     assert (sampling.repetition_penalty, sampling.presence_penalty) == (pytest.approx(1.1), 0.5)
-    assert (sampling.frequency_penalty, sampling.min_length, sampling.random_seed) == (0.25, 3, 2**64 - 1)
+    assert (sampling.frequency_penalty, sampling.min_tokens, sampling.seed) == (0.25, 3, 2**64 - 1)
     assert request.draft_tokens == (1, 2)
     assert request.streaming and request.return_log_probs
     assert request.return_context_logits and request.return_generation_logits
@@ -167,7 +167,7 @@ def test_every_unsupported_contract_input_is_rejected_by_name():
         ({"runtime_top_p": np.array([1.5], np.float32)}, "runtime_top_p", "[0, 1]"),
         ({"runtime_top_k": np.array([-2], np.int32)}, "runtime_top_k", ">= 0"),
         ({"repetition_penalty": np.array([0.0], np.float32)}, "repetition_penalty", "> 0"),
-        ({"min_length": np.array([-1], np.int32)}, "min_length", ">= 0"),
+        ({"min_tokens": np.array([-1], np.int32)}, "min_tokens", ">= 0"),
         ({"temperature": np.array([[1.0, 2.0]], np.float32)}, "temperature", "one value per batch item"),
     ],
 )

@@ -57,7 +57,7 @@ def test_trtllm_config_targets_the_cpp_backend():
         "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
         "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/engines/llama3",
         "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.5,
-        "enable_kv_cache_reuse": True, "exclude_input_in_output": True,
+        "enable_kv_cache_reuse": True, "exclude_input_in_output": True, "orchestrator_parameters": "",
     }, contract_name="tensorrt_llm")
     config = parse_model_config(text, "trtllm")
     assert config.backend == "tensorrtllm"
@@ -74,3 +74,28 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
         assemble_repository(tmp_path / "repo", RepositorySettings(
             engine="embedded", tokenizer_dir=tmp_path, target=_fake_checkpoint(tmp_path / "t")))
     assert (tmp_path / "repo" / "precious.txt").read_text() == "keep me"
+
+
+def test_rendering_works_where_tritonclient_cannot_be_imported(monkeypatch, capsys):
+    """The NGC server container need not have tritonclient: configs still render (strictly)."""
+    import builtins
+
+    from engine_build import render
+
+    real_import = builtins.__import__
+
+    def no_tritonclient(name, *args, **kwargs):
+        if name.startswith("tritonclient"):
+            raise ImportError("No module named 'tritonclient'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tritonclient)
+    monkeypatch.setattr(render, "_warned", [])
+    text = render_model_config(TEMPLATES / "postprocessing" / "config.pbtxt", {
+        "triton_max_batch_size": 8, "max_queue_delay_microseconds": 0, "max_queue_size": 0,
+        "postprocessing_instance_count": 1, "tokenizer_dir": "tok", "skip_special_tokens": True,
+    }, contract_name="postprocessing")
+    assert 'name: "postprocessing"' in text and "${" not in text
+    assert "not parsed" in capsys.readouterr().err
+    with pytest.raises(TemplateError, match="unfilled"):  # strictness does not depend on the schema
+        render_template("a: ${b}", {}, "t")

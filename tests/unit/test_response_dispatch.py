@@ -1,4 +1,5 @@
-"""Engine responses leave on their own thread and merge when sending falls behind generation."""
+"""Engine responses leave on their own thread: one per engine step (TensorRT-LLM's streaming), or merged
+when sending falls behind generation and the deployment asked for merging."""
 
 import threading
 
@@ -62,7 +63,7 @@ def test_dispatcher_merges_tokens_that_wait():
     req = request()
     sender = SlowSender()
     stream = TritonRequestStream([req], sender, vocab_size=10)
-    dispatcher = ResponseDispatcher()
+    dispatcher = ResponseDispatcher(merge=True)
     try:
         dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
         assert sender.sending.wait(5)
@@ -75,3 +76,21 @@ def test_dispatcher_merges_tokens_that_wait():
         dispatcher.shutdown()
     assert [t for chunk in sender.sent for t in chunk] == [1, 2, 3, 4, 5]
     assert sender.sent[0] == [1] and len(sender.sent) == 2  # the waiting tokens went out together
+
+
+def test_dispatcher_sends_one_response_per_step_by_default():
+    req = request()
+    sender = SlowSender()
+    stream = TritonRequestStream([req], sender, vocab_size=10)
+    dispatcher = ResponseDispatcher()
+    try:
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
+        assert sender.sending.wait(5)
+        for token in (2, 3, 4):  # generated while the first response is still being sent
+            dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[5], finished=True, finish_reason="length"))
+        sender.release.set()
+        assert sender.done.wait(5)
+    finally:
+        dispatcher.shutdown()
+    assert sender.sent == [[1], [2], [3], [4], [5]]  # like the C++ backend: never merged

@@ -53,9 +53,9 @@ def test_bad_words_ban_single_tokens_and_the_last_token_of_matching_sequences():
     assert sampler(params).choose(ramp(), [1, 7]).token_id == VOCAB - 3  # ... but does after 7
 
 
-def test_min_length_bans_end_id_and_stop_word_completions_until_reached():
+def test_min_tokens_bans_end_id_and_stop_word_completions_until_reached():
     end_id, stop = VOCAB - 1, words([VOCAB - 2])
-    token_sampler = sampler(SamplingParams(min_length=2), end_id=end_id, stop_words=stop)
+    token_sampler = sampler(SamplingParams(min_tokens=2), end_id=end_id, stop_words=stop)
     tokens = [1, 2]
     first = token_sampler.choose(ramp(), tokens).token_id
     tokens.append(first)
@@ -98,7 +98,7 @@ def test_presence_and_frequency_penalties_count_output_tokens_only():
 
 
 def test_top_k_sampling_stays_within_the_k_best_and_is_seeded():
-    params = SamplingParams(temperature=5.0, top_k=3, random_seed=42)
+    params = SamplingParams(temperature=5.0, top_k=3, seed=42)
     logits = ramp()
     draws = [sampler(params).choose(logits, [1]).token_id for _ in range(3)]
     assert len(set(draws)) == 1  # same seed, fresh sampler: same first draw
@@ -110,13 +110,13 @@ def test_top_k_sampling_stays_within_the_k_best_and_is_seeded():
 def test_top_p_keeps_the_smallest_set_reaching_p():
     logits = torch.full((VOCAB,), -20.0)
     logits[[3, 4, 5]] = torch.log(torch.tensor([0.5, 0.3, 0.2]))
-    token_sampler = sampler(SamplingParams(top_p=0.7, random_seed=3))
+    token_sampler = sampler(SamplingParams(top_p=0.7, seed=3))
     seen = {token_sampler.choose(logits, [1]).token_id for _ in range(200)}
     assert seen == {3, 4}  # 0.5 < 0.7, 0.5 + 0.3 crosses it: token 5 is never drawn
 
 
 def test_different_seeds_draw_differently():
-    params = [SamplingParams(temperature=1.0, top_p=1.0, random_seed=seed) for seed in range(6)]
+    params = [SamplingParams(temperature=1.0, top_p=1.0, seed=seed) for seed in range(6)]
     flat = torch.zeros(VOCAB)
     firsts = {sampler(p).choose(flat, [1]).token_id for p in params}
     assert len(firsts) > 1
@@ -126,7 +126,7 @@ def test_top_p_nucleus_larger_than_the_first_candidates():
     vocab = 1000
     logits = torch.zeros(vocab)
     logits[:500] = 0.01  # half of the mass spread over 500 tokens, more than the first 64 candidates
-    params = SamplingParams(top_p=0.4, random_seed=5)
+    params = SamplingParams(top_p=0.4, seed=5)
     token_sampler = TokenSampler(params, vocab, [1], None, WordList(), want_log_probs=False)
     seen = {token_sampler.choose(logits, [1]).token_id for _ in range(300)}
     assert len(seen) > TokenSampler.NUCLEUS_FIRST_CANDIDATES

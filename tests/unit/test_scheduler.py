@@ -256,7 +256,7 @@ def test_seeded_sampling_is_reproducible(engine):
     def sample(seed):
         collector = Collector()
         extra = dict(runtime_top_k=np.array([20], np.int32), temperature=np.array([1.5], np.float32),
-                     random_seed=np.array([seed], np.uint64))
+                     seed=np.array([seed], np.uint64))
         engine.submit(make_request(PROMPTS[0], 10, **extra), collector)
         return collector.wait().tokens
 

@@ -95,9 +95,13 @@ class RecordingSender:
 
 
 class Request:
-    def __init__(self, tensors=None):
+    def __init__(self, tensors=None, parameters="{}"):
         self.tensors = {k: _Tensor(k, v) for k, v in (tensors or {}).items()}
         self.sender = RecordingSender()
+        self._parameters = parameters
+
+    def parameters(self):
+        return self._parameters
 
     def get_response_sender(self):
         return self.sender
@@ -110,7 +114,7 @@ def test_required_inputs_are_enforced_even_with_optional_ones_present(triton_io)
     request = Request({"request_output_len": np.array([[4]], np.int32), "temperature": np.array([[1.0]], np.float32)})
     with pytest.raises(InvalidRequest) as error:
         triton_io.read_inputs(request, TENSORRT_LLM)
-    assert error.value.field == "input_ids"
+    assert error.value.field == "input_lengths"  # required in 1.2.1 (input_ids became optional there)
 
 
 def test_the_stream_ends_exactly_once(triton_io):
@@ -164,3 +168,17 @@ def test_metric_families_are_created_once_and_kept(triton_io):
     assert len(_MetricFamily.created) == before + 1
     del metrics
     ok.increment()  # the family outlives the Metrics object that made it
+
+
+def test_request_parameters_are_refused_by_name(triton_io):
+    """generate turns unknown JSON fields into parameters: each must be an error naming it, not a no-op."""
+    from bls.contract import POSTPROCESSING
+    from bls.errors import InvalidRequest
+
+    tensors = {"TOKENS_BATCH": np.zeros((1, 1, 1), np.int32), "SEQUENCE_LENGTH": np.ones((1, 1), np.int32)}
+    with pytest.raises(InvalidRequest) as error:
+        triton_io.read_inputs(Request(tensors, parameters='{"seeed": 3}'), POSTPROCESSING)
+    assert error.value.field == "seeed" and "not an input" in error.value.problem
+    # Triton's own request parameters (tritonclient's empty-final-response flag) are not the model's.
+    assert set(triton_io.read_inputs(Request(tensors, '{"triton_enable_empty_final_response": true}'),
+                                     POSTPROCESSING)) == set(tensors)

@@ -103,3 +103,24 @@ def test_copy_engine(tmp_path):
     assert (tmp_path / "repo" / "tensorrt_llm" / "1" / "rank0.engine").read_bytes() == b"\x00engine"
     with pytest.raises(GpuStageError, match="no built engine"):
         copy_engine(tmp_path / "repo" / "missing", tmp_path / "elsewhere")
+
+
+def test_the_standalone_build_makes_a_draft_capable_engine_only_when_asked(monkeypatch, tmp_path):
+    """A draft_tokens_external engine refuses to load without KV-cache reuse: never the default."""
+    from engine_build import cli
+
+    built = {}
+    monkeypatch.setattr(trtllm, "run_trtllm_build", lambda checkpoint, out, **options: built.update(options))
+    cli.main(["build", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "engine")])
+    assert built["max_draft_len"] == 0
+    cli.main(["build", "--checkpoint", str(tmp_path), "--out", str(tmp_path / "engine"), "--max-draft-len", "4"])
+    assert built["max_draft_len"] == 4
+
+
+def test_the_export_dtype_follows_the_checkpoint():
+    from engine_build.quantize import export_dtype
+
+    assert export_dtype({"torch_dtype": "bfloat16"}) == "bfloat16"  # Meta's Llama 3 checkpoints
+    assert export_dtype({"torch_dtype": "float16"}) == "float16"
+    assert export_dtype({"dtype": "bfloat16"}) == "bfloat16"  # transformers 5 writes `dtype`
+    assert export_dtype({"torch_dtype": "float32"}) == "float16"  # 16-bit unquantized layers in an AWQ engine

@@ -12,6 +12,7 @@ exclude_input_in_output, synthetic (benchmark runner, no model), torch_threads.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any, Callable
 
 import triton_python_backend_utils as pb_utils
@@ -55,7 +56,9 @@ class TritonPythonModel:
             max_active_requests=int(params.get("max_active_requests", DEFAULT_MAX_ACTIVE_REQUESTS)),
         )
         self._engine = build_engine(settings)
-        self._dispatcher = ResponseDispatcher()
+        # false (default): one response per engine step, as TensorRT-LLM streams; true: merge what waits.
+        self._dispatcher = ResponseDispatcher(
+            merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"))
         labels = {"model": self._name}
         metrics = Metrics()
         self._generated_tokens = metrics.counter(
@@ -68,15 +71,17 @@ class TritonPythonModel:
         self._queued = metrics.gauge("embedded_engine_queued_sequences", "Sequences waiting for a slot", labels)
 
     def execute(self, requests: list[Any]) -> list[Any] | None:
+        arrival_ns = time.time_ns()
         if self._decoupled:
             for request in requests:
                 sender = SafeSender(request, self._name)
-                self._submit(request, sender, sender.is_cancelled)
+                self._submit(request, sender, sender.is_cancelled, arrival_ns)
             return None
         collectors = []
         for request in requests:
             collector = CollectingSender()
-            self._submit(request, collector, lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled())
+            self._submit(request, collector, lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled(),
+                         arrival_ns)
             collectors.append(collector)
         responses = []
         for collector in collectors:
@@ -91,7 +96,7 @@ class TritonPythonModel:
         self._engine.shutdown()
         self._dispatcher.shutdown()
 
-    def _submit(self, request: Any, sender: ResponseSender, is_cancelled: Callable[[], bool]) -> None:
+    def _submit(self, request: Any, sender: ResponseSender, is_cancelled: Callable[[], bool], arrival_ns: int) -> None:
         """Parse and enqueue one Triton request; every failure ends its stream with an error response."""
         try:
             if is_stop_request(read_inputs(request, _STOP_INPUT)):
@@ -99,7 +104,8 @@ class TritonPythonModel:
                 sender.finish()
                 return
             generation = parse_generation_requests(
-                read_inputs(request, TENSORRT_LLM), request.request_id(), self._engine.limits, self._exclude_input
+                read_inputs(request, TENSORRT_LLM), request.request_id(), self._engine.limits, self._exclude_input,
+                arrival_ns,
             )
             if not self._decoupled:
                 if generation[0].streaming:

@@ -6,6 +6,8 @@ iterates it, so an asyncio loop would serve one stream at a time. One instance s
 
 import json
 import time
+
+import triton_python_backend_utils as pb_utils
 from concurrent.futures import ThreadPoolExecutor
 
 from bls.contract import TENSORRT_LLM_BLS
@@ -20,7 +22,8 @@ FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 class TritonPythonModel:
     def initialize(self, args):
-        params = model_parameters(json.loads(args["model_config"]))
+        model_config = json.loads(args["model_config"])
+        params = model_parameters(model_config)
         self.config = BlsConfig(
             engine_model=params.get("tensorrt_llm_model_name", "tensorrt_llm"),
             preprocessing_model=params.get("preprocessing_model_name", "preprocessing"),
@@ -29,9 +32,12 @@ class TritonPythonModel:
             max_draft_len=int(params.get("max_draft_len", "0")),
             accumulate_tokens=parse_bool(params.get("accumulate_tokens"), False, "accumulate_tokens"),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens"),
+            # One setting for the repository (upstream's decoupled_mode): the engines are decoupled when we are.
+            decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
         )
         self.generator = TextGenerator(
-            self.config, ChildModels(), TokenizerBundle.from_dir(params["tokenizer_dir"]), self._observer()
+            self.config, ChildModels(decoupled_engines=self.config.decoupled),
+            TokenizerBundle.from_dir(params["tokenizer_dir"]), self._observer(),
         )
         self.workers = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
                                           thread_name_prefix="bls")
@@ -63,7 +69,7 @@ class TritonPythonModel:
     def execute(self, requests):
         arrived = time.monotonic()
         for request in requests:
-            self.workers.submit(self._serve, request, SafeSender(request, MODEL), arrived)
+            self.workers.submit(self._serve, request, SafeSender(request, MODEL, self.config.decoupled), arrived)
         return None
 
     def _serve(self, request, sender, arrived):

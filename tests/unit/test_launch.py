@@ -1,0 +1,62 @@
+"""How `make serve` launches tritonserver for a TensorRT-LLM repository, as TensorRT-LLM 1.2's
+triton_backend/scripts/launch_triton_server.py does (read from its source; not runnable here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine_build.repository import RepositorySettings, _orchestrator_parameters
+from serving import tritonserver
+from serving.tritonserver import ORCHESTRATOR_ENVIRONMENT, ServerPorts, needs_orchestrator, server_command
+
+
+@pytest.fixture(autouse=True)
+def fake_install(monkeypatch):
+    monkeypatch.setattr(tritonserver, "find_tritonserver",
+                        lambda: tritonserver.TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None))
+    monkeypatch.setattr(tritonserver, "gpu_available", lambda: True)
+
+
+def _ranks(command: list[str]) -> list[list[str]]:
+    """The per-rank argv of an mpirun command (ranks are separated by ':')."""
+    ranks, current = [], []
+    for arg in command[2:]:
+        if arg == ":":
+            ranks.append(current)
+            current = []
+        else:
+            current.append(arg)
+    return ranks + [current]
+
+
+def test_tp2_without_a_draft_is_leader_mode():
+    command = server_command(Path("/repo"), ServerPorts(), world_size=2)
+    assert command[:2] == ["mpirun", "--allow-run-as-root"]
+    first, second = _ranks(command)
+    assert first[:3] == ["-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert "--model-control-mode=explicit" not in first
+    assert "--model-control-mode=explicit" in second and "--load-model=tensorrt_llm" in second
+    assert "--backend-config=python,shm-region-prefix-name=prefix1_" in second
+
+
+def test_a_draft_needs_orchestrator_mode_with_world_size_one():
+    assert needs_orchestrator({"engine": "trtllm", "draft": "/a/draft"})
+    assert not needs_orchestrator({"engine": "trtllm", "draft": None})
+    assert not needs_orchestrator({"engine": "embedded", "draft": "/a/draft"})  # Python backend: no MPI
+    command = server_command(Path("/repo"), ServerPorts(), world_size=2, orchestrator=True,
+                             engine_model_names=("tensorrt_llm", "tensorrt_llm_draft"))
+    assert command[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and ":" not in command
+    assert command.count("/opt/tritonserver/bin/tritonserver") == 1
+    assert "--model-control-mode=explicit" not in command
+    assert {"--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
+            "--cuda-memory-pool-byte-size=1:0"} <= set(command)
+    assert ORCHESTRATOR_ENVIRONMENT == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def test_gpu_device_ids_only_in_orchestrator_mode(tmp_path):
+    base = dict(engine="trtllm", tokenizer_dir=tmp_path, target=tmp_path, world_size=2)
+    assert _orchestrator_parameters(RepositorySettings(**base)) == ""
+    with_draft = _orchestrator_parameters(RepositorySettings(**base, draft=tmp_path))
+    assert 'key: "gpu_device_ids"' in with_draft and 'string_value: "0,1"' in with_draft
