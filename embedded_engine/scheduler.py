@@ -132,12 +132,14 @@ class Engine:
         limits: EngineLimits,
         max_active: int = DEFAULT_MAX_ACTIVE_REQUESTS,
         reuse: PrefixCacheLimits | None = PrefixCacheLimits(),  # None: no KV-cache reuse across requests
+        step_s: float = 0.0,  # > 0: every iteration lasts at least this long, like a GPU decoding step
     ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
         self.limits = limits
         self._runner = runner
         self._max_active = max_active
+        self._step_s = step_s
         self._prefix_cache = PrefixCache(reuse) if reuse else None
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
@@ -193,6 +195,7 @@ class Engine:
                     self._active.append(self._waiting.popleft())
                 waiting = list(self._waiting)
                 active = list(self._active)
+            started = time.monotonic()
             for sequence in waiting:  # queued requests can be cancelled too
                 if self._cancelled(sequence):
                     self._finish_cancelled(sequence)
@@ -201,6 +204,8 @@ class Engine:
                     self._finish_cancelled(sequence)
                 else:
                     self._advance(sequence)
+            if self._step_s:
+                time.sleep(max(0.0, started + self._step_s - time.monotonic()))
             with self._cond:
                 self._active = [s for s in self._active if not s.done]
                 self._waiting = deque(s for s in self._waiting if not s.done)
@@ -332,4 +337,4 @@ def build_engine(settings: EngineSettings) -> Engine:
     if max_seq_len > model_max_len:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
-    return Engine(runner, limits, max_active=settings.max_active_requests)
+    return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000)

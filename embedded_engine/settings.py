@@ -20,3 +20,6 @@ class EngineSettings:
     max_seq_len: int | None = None  # default: the checkpoint's max_position_embeddings
     max_draft_len: int = 0  # like an engine built without draft support: draft_input_ids are rejected
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
+    # > 0: each engine iteration (one token for every active sequence) lasts at least this long, as a GPU
+    # decoding step does; with `synthetic`, a stand-in for a GPU engine's pace at any concurrency.
+    step_ms: float = 0.0

@@ -53,6 +53,7 @@ class RepositorySettings:
     synthetic: bool = False
     # Embedded engine: merge streamed tokens that wait for sending into one response (never on a GPU).
     merge_streamed_tokens: bool = False
+    step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
@@ -154,6 +155,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "exclude_input_in_output": settings.exclude_input_in_output,
             "synthetic": settings.synthetic,
             "merge_streamed_tokens": settings.merge_streamed_tokens,
+            "step_ms": settings.step_ms,
             "torch_threads": settings.torch_threads,
         }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / "checkpoint")

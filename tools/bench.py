@@ -3,9 +3,10 @@
     python -m tools.bench --repo build/model_repository [--only SECTION ...] [--quick]
 
 Sections (each runnable alone with --only):
-  pipeline     preprocessing throughput, latency the ensemble adds, ensemble streaming (synthetic engine)
+  pipeline     preprocessing throughput, latency the ensemble adds over the bare engine (synthetic engine)
+  streaming    BLS and ensemble vs the engine-alone floor at 1/16/64/256 streams, one response per token
   detokenizer  per-token cost of incremental detokenization vs re-decoding everything (no server)
-  bls          tensorrt_llm_bls streaming: tok/s, first token, flat per-token time (synthetic engine)
+  bls          tensorrt_llm_bls streams: text == non-streamed text, flat per-token CPU over 4,096 tokens
   speculative  draft-target speculative decoding on the real default repository
   awq          AWQ int4 target vs the unquantised model: greedy agreement and logit error (no server)
 
@@ -31,7 +32,9 @@ from typing import Callable
 # cores from the server being measured.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tools import bench_awq, bench_bls, bench_detokenizer, bench_pipeline, bench_speculative  # noqa: E402
+from tools import (  # noqa: E402
+    bench_awq, bench_bls, bench_detokenizer, bench_pipeline, bench_speculative, bench_streaming,
+)
 from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
 
 
@@ -44,10 +47,12 @@ class Section:
 
 SECTIONS = (
     Section("pipeline", "1. preprocessing and ensemble (synthetic engine)", bench_pipeline.run),
-    Section("detokenizer", "2. detokenizer: per-token cost vs output length", bench_detokenizer.run),
-    Section("bls", "3. tensorrt_llm_bls streaming (synthetic engine)", bench_bls.run),
-    Section("speculative", "4. speculative decoding (real default repository)", bench_speculative.run),
-    Section("awq", "5. AWQ int4 quality vs the unquantised model", bench_awq.run),
+    Section("streaming", "2. streaming vs the engine floor (synthetic engine, one response per token)",
+            bench_streaming.run),
+    Section("detokenizer", "3. detokenizer: per-token cost vs output length", bench_detokenizer.run),
+    Section("bls", "4. tensorrt_llm_bls streams: correctness and flat cost (synthetic engine)", bench_bls.run),
+    Section("speculative", "5. speculative decoding (real default repository)", bench_speculative.run),
+    Section("awq", "6. AWQ int4 quality vs the unquantised model", bench_awq.run),
 )
 
 

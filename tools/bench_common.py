@@ -18,7 +18,6 @@ from engine_build.repository import RepositorySettings, assemble_repository, rea
 from serving.tritonserver import TritonServer
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
-from testkit.stats import percentile
 
 T = TypeVar("T")
 
@@ -162,12 +161,6 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
 
 
 # -- streamed load ------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class StreamTargets:
-    tokens_per_s: Target | None = None
-    first_token_p50_ms: Target | None = None
-
-
 def stream_load(server: TritonServer, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
     """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i)).
     The results are in client order: trace j is client j // rounds's."""
@@ -177,26 +170,3 @@ def stream_load(server: TritonServer, model: str, clients: int, rounds: int, bod
     cpu_after = cpu_seconds(server.process.pid)
     run.server_cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
     return run
-
-
-def stream_rows(label: str, run: LoadRun, tokens_per_stream: int, targets: StreamTargets,
-                cpu_breakdown: bool = False) -> list[Row]:
-    """Aggregate streamed tok/s over the run's wall time, and time to the first streamed event; with
-    cpu_breakdown, the CPU time per token of each server process and of the client."""
-    for trace in run.results:
-        if not trace.arrivals:
-            raise RuntimeError(f"{label}: a stream ended without any event")
-    first = [trace.first_event_s * 1000 for trace in run.results]
-    tokens = tokens_per_stream * len(run.results)
-    rows = [
-        Row(f"{label}: tok/s", tokens / run.wall_s, "tok/s", targets.tokens_per_s),
-        Row(f"{label}: first token p50", percentile(first, 50), "ms", targets.first_token_p50_ms),
-        Row(f"{label}: first token p99", percentile(first, 99), "ms"),
-    ]
-    if cpu_breakdown:
-        cpu = {**run.server_cpu_s, "client (this process)": run.client_cpu_s}
-        for name, seconds in sorted(cpu.items(), key=lambda item: -item[1]):
-            if seconds > 0:
-                rows.append(Row(f"{label}: CPU per token, {name}", seconds / tokens * 1e6, "µs"))
-        rows.append(Row(f"{label}: CPU busy, all processes above", sum(cpu.values()) / run.wall_s, "cores"))
-    return rows

@@ -1,5 +1,5 @@
-"""Section "pipeline": preprocessing throughput, what the ensemble adds over the bare engine, and streamed
-tokens through the ensemble. Synthetic engine: only our Python layers (and Triton's) are measured.
+"""Section "pipeline": preprocessing throughput and what the ensemble adds over the bare engine.
+Synthetic engine: only our Python layers (and Triton's) are measured. Streaming: section "streaming".
 """
 
 from __future__ import annotations
@@ -10,18 +10,12 @@ import time
 from bls.contract import PREPROCESSING_TO_ENGINE
 from testkit.http import HttpSession
 from testkit.stats import median
-from tools.bench_common import BenchContext, Row, StreamTargets, Target, run_clients, stream_load, stream_rows
+from tools.bench_common import BenchContext, Row, run_clients
 
 CHAT = json.dumps([{"role": "system", "content": "You are a helpful assistant."},
                    {"role": "user", "content": "What is the capital of France?"}])
 PROMPT = "Tell me a story about a brave little toaster."
 ENSEMBLE_TOKENS = 32
-STREAM_TOKENS = 256
-# The project's targets (upstream's bare engine hop on this box: ~4,800 tok/s). The first-token target is
-# checked against the median; p99 is reported beside it.
-TARGET_TOKS_1 = Target(">=", 2400)
-TARGET_TOKS_16 = Target(">=", 3600)
-TARGET_TTFT_16_MS = Target("<=", 100)
 
 
 def preprocessing_body(batch: int) -> dict:
@@ -97,16 +91,4 @@ def run(ctx: BenchContext) -> list[Row]:
     server = ctx.server(ctx.synthetic_repo())
     rows = preprocessing_rows(ctx, server.http_url)
     rows += ensemble_overhead_rows(ctx, server.http_url)
-    rounds = 1 if ctx.quick else 3
-    body = {"text_input": PROMPT, "max_tokens": STREAM_TOKENS, "end_id": -1, "stream": True}
-    stream_load(server, "ensemble", 1, 1, lambda _i: body)  # warm-up
-    for clients, targets in ((1, StreamTargets(TARGET_TOKS_1)), (16, StreamTargets(TARGET_TOKS_16, TARGET_TTFT_16_MS))):
-        run = stream_load(server, "ensemble", clients, rounds, lambda _i: body)
-        rows += stream_rows(f"ensemble stream, {clients} client(s)", run, STREAM_TOKENS, targets, cpu_breakdown=True)
-    # The bare engine hop, for reference: the ceiling for everything above it.
-    engine = engine_body(HttpSession(server.http_url), PROMPT, STREAM_TOKENS) | {"streaming": True}
-    run = stream_load(server, "tensorrt_llm", 1, rounds, lambda _i: engine)
-    label = "tensorrt_llm stream (bare engine hop), 1 client"
-    rows += [row for row in stream_rows(label, run, STREAM_TOKENS, StreamTargets(), cpu_breakdown=True)
-             if "first token" not in row.metric]
     return rows

@@ -30,9 +30,20 @@ from bls.word_lists import WordList
 Tensors = dict[str, np.ndarray]
 
 MULTIMODAL_INPUTS = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
-# Engine outputs passed on to the client as they are. Token counts are not: the BLS counts tokens itself
-# (a streamed response's num_output_tokens is the running total of the stream).
-_PASSED_ON = tuple(name for name in ENGINE_TO_TEXT if name not in ("batch_index", "num_input_tokens", "num_output_tokens"))
+# What the BLS asks the engine for besides the tokens, by the input that asks for it. Only what the client
+# asked for: every requested output costs a lookup and a copy per streamed token. Token counts are not
+# asked for: the BLS counts tokens itself (a streamed response's num_output_tokens is the running total).
+_OUTPUTS_ASKED_BY = {
+    "return_log_probs": ("cum_log_probs", "output_log_probs"),
+    "return_context_logits": ("context_logits",),
+    "return_generation_logits": ("generation_logits",),
+    "return_perf_metrics": tuple(
+        name for name in ENGINE_TO_TEXT
+        if name.endswith(("_blocks", "_time_ns")) or name in ("acceptance_rate", "total_accepted_draft_tokens",
+                                                              "total_draft_tokens")),
+}
+# In a non-streamed response, per-token outputs are joined along their token axis.
+_PER_TOKEN_AXIS = {"output_log_probs": -1, "generation_logits": 2}
 
 
 class ModelCaller(Protocol):
@@ -62,6 +73,9 @@ class BlsConfig:
     # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
     # without streaming, so a client that leaves cannot stop a generation half-way.
     decoupled: bool = True
+    # How often a stream asks Triton whether its client is still there: an IPC round trip to the server,
+    # too dear to pay for every token at GPU rates; a cancelled stream stops within this time.
+    cancellation_check_period_s: float = 0.02
 
 
 @dataclass(frozen=True)
@@ -75,6 +89,7 @@ class TextRequest:
     num_draft_tokens: int
     preprocessing_inputs: Tensors
     engine_inputs: Tensors  # sampling options, already under engine names
+    engine_outputs: tuple[str, ...]  # what to ask the engine for
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, np.ndarray], config: BlsConfig, request_id: str) -> "TextRequest":
@@ -115,6 +130,10 @@ class TextRequest:
             if rows.uniform_scalar("return_context_logits", bool, False) or rows.uniform_scalar(
                     "return_generation_logits", bool, False):
                 raise InvalidRequest("num_draft_tokens", "logits outputs are not available with speculative decoding")
+        asked = [flag for flag in _OUTPUTS_ASKED_BY if rows.uniform_scalar(flag, bool, False)]
+        if asked and batch_size > 1 and not stream:
+            raise InvalidRequest(asked[0], "with a batch of several prompts needs stream=true (each row's "
+                                           "outputs come in its own responses)")
 
         return cls(
             # Unique even when clients reuse ids: child requests are stopped by id.
@@ -123,6 +142,7 @@ class TextRequest:
             stream=stream,
             exclude_input_in_output=rows.uniform_scalar("exclude_input_in_output", bool, True),
             num_draft_tokens=num_draft_tokens,
+            engine_outputs=("output_ids", "sequence_length", *(name for flag in asked for name in _OUTPUTS_ASKED_BY[flag])),
             preprocessing_inputs={pre: inputs[text] for text, pre in TEXT_TO_PREPROCESSING.items() if text in inputs},
             engine_inputs={
                 engine: inputs[text]
@@ -140,6 +160,7 @@ class RowResult:
     speculation: SpeculationStats | None = None
     first_token_s: float | None = None
     stream_tail: str = ""  # streamed text still held back by the detokenizer when generation ended
+    details: Tensors = field(default_factory=dict)  # engine outputs for the non-streamed response
 
 
 @dataclass(frozen=True)
@@ -150,9 +171,44 @@ class GenerationObserver:
     on_finished: Callable[[RowResult], None] = lambda result: None
 
 
-class TextGenerator:
-    ENGINE_OUTPUTS = ("output_ids", "sequence_length", *ENGINE_TO_TEXT)
+class _EngineDetails:
+    """The engine outputs a non-streamed response passes on: per-token arrays joined, context logits from
+    the first response, everything else (cumulative log prob, perf metrics) from the latest."""
 
+    def __init__(self) -> None:
+        self._latest: Tensors = {}
+        self._parts: dict[str, list[np.ndarray]] = {}
+
+    def add(self, outputs: Tensors) -> None:
+        for name, value in outputs.items():
+            if name in _PER_TOKEN_AXIS:
+                self._parts.setdefault(name, []).append(value)
+            elif name != "context_logits" or name not in self._latest:
+                self._latest[name] = value
+
+    def tensors(self) -> Tensors:
+        joined = {name: np.concatenate(parts, axis=_PER_TOKEN_AXIS[name]) for name, parts in self._parts.items()}
+        return {**self._latest, **joined}
+
+
+class CancellationPoll:
+    """Whether the client is gone, asked of the sink at most once per period (BlsConfig's
+    cancellation_check_period_s)."""
+
+    def __init__(self, sink: ResponseSink, period_s: float):
+        self._sink = sink
+        self._period_s = period_s
+        self._next_check = 0.0
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if now < self._next_check:
+            return False
+        self._next_check = now + self._period_s
+        return self._sink.is_cancelled()
+
+
+class TextGenerator:
     def __init__(self, config: BlsConfig, models: ModelCaller, tokenizer, observer: GenerationObserver | None = None):
         self.config = config
         self.models = models
@@ -179,6 +235,8 @@ class TextGenerator:
             texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results)]
             outputs = self._summary(request, results)
             outputs["text_output"] = _strings(texts)
+            if request.batch_size == 1:  # several rows with details are refused in from_inputs
+                outputs.update(results[0].details)
             sink.send(outputs, final=True)
 
     # -- one batch row -----------------------------------------------------------------------------------
@@ -188,6 +246,8 @@ class TextGenerator:
         result = RowResult(num_input_tokens=len(prompt))
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
+        details = _EngineDetails()
+        cancelled = CancellationPoll(sink, self.config.cancellation_check_period_s)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
             """Record tokens, stream them; False when the client has gone away."""
@@ -195,12 +255,14 @@ class TextGenerator:
                 result.first_token_s = time.monotonic() - started
                 self.observer.on_first_token(result.first_token_s)
             result.token_ids.extend(new_tokens)
-            if streamer is not None:
+            if streamer is None:
+                details.add(extra)
+            else:
                 outputs = streamer.push(new_tokens)
                 outputs.update(extra)
                 if outputs:
                     sink.send(outputs)
-            return not sink.is_cancelled()
+            return not cancelled()
 
         if request.num_draft_tokens > 0:
             decoder = DraftTargetDecoder(self.models, self.config.engine_model, self.config.draft_model)
@@ -212,6 +274,7 @@ class TextGenerator:
             result.finish_reason = self._stream_engine(request, engine_inputs, f"{request.request_id}-{row}", on_tokens)
         if streamer is not None:
             result.stream_tail = streamer.finish()
+        result.details = details.tensors()
         self.observer.on_finished(result)
         return result
 
@@ -223,11 +286,11 @@ class TextGenerator:
         inputs["exclude_input_in_output"] = np.array([[True]])
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
-        for response in self.models.stream(self.config.engine_model, inputs, self.ENGINE_OUTPUTS, child_id):
+        for response in self.models.stream(self.config.engine_model, inputs, request.engine_outputs, child_id):
             tokens = response_tokens(response)
             generated += len(tokens)
-            extra = {ENGINE_TO_TEXT[k]: v for k, v in response.items() if k in _PASSED_ON}
-            if not on_tokens(tokens, extra if request.stream else {}):
+            extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
+            if not on_tokens(tokens, extra):
                 self.stop_engine(self.config.engine_model, child_id)
                 return FinishReason.CANCELLED
         return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP

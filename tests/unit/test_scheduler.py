@@ -553,3 +553,22 @@ def test_build_engine_from_settings():
         build_engine(EngineSettings())
     with pytest.raises(ValueError, match="exceeds the model's max_position_embeddings"):
         build_engine(EngineSettings(synthetic=True, max_seq_len=10**6))
+
+
+def test_a_step_time_paces_every_active_sequence_like_a_gpu_step():
+    """step_s: one token per active sequence per step, each step at least step_s long, whatever the load."""
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=8, step_s=0.05)
+    try:
+        collectors = [Collector() for _ in range(4)]
+        start = time.perf_counter()
+        for i, collector in enumerate(collectors):
+            engine.submit(make_request([128000, 9906], 6, f"s{i}", limits=engine.limits), collector)
+        for collector in collectors:
+            collector.wait()
+        elapsed = time.perf_counter() - start
+    finally:
+        engine.shutdown()
+    assert all(len(c.tokens) == 6 for c in collectors)
+    assert elapsed >= 5 * 0.05  # the 6th token ends the 6th step: no step was shorter than step_s
+    # One response per step: each sequence's events carry one token each.
+    assert all(len(event.token_ids) <= 1 for c in collectors for event in c.events)

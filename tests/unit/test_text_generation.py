@@ -17,8 +17,10 @@ from bls.generation.generator import BlsConfig, TextGenerator, TextRequest
 
 # Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
 SCRIPT_TEXT = "Hi é 🙂 世界 done"
+# Cancellation checked at every token: the scripted engine answers faster than any real period.
 CONFIG = BlsConfig(engine_model="engine", preprocessing_model="pre", postprocessing_model="post",
-                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True)
+                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True,
+                   cancellation_check_period_s=0.0)
 
 
 class ScriptedModels:
@@ -143,3 +145,19 @@ def test_draft_length_is_bounded_by_the_engine():
     assert request(config, num_draft_tokens=[[4]]).num_draft_tokens == 4
     with pytest.raises(InvalidRequest, match="max_draft_len 4"):
         request(config, num_draft_tokens=[[5]])
+
+
+def test_cancellation_is_asked_of_triton_at_most_once_per_period():
+    from bls.generation.generator import CancellationPoll
+
+    class CountingSink:
+        calls = 0
+
+        def is_cancelled(self):
+            self.calls += 1
+            return False
+
+    sink = CountingSink()
+    poll = CancellationPoll(sink, period_s=60.0)
+    assert not any(poll() for _ in range(1000))
+    assert sink.calls == 1

@@ -54,6 +54,7 @@ class TritonPythonModel:
             max_seq_len=int(params["max_seq_len"]) if "max_seq_len" in params else None,
             max_draft_len=int(params.get("max_draft_len", 0)),
             max_active_requests=int(params.get("max_active_requests", DEFAULT_MAX_ACTIVE_REQUESTS)),
+            step_ms=float(params.get("step_ms", 0)),
         )
         self._engine = build_engine(settings)
         # false (default): one response per engine step, as TensorRT-LLM streams; true: merge what waits.
