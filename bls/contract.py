@@ -201,6 +201,7 @@ PREPROCESSING = ModelContract(
         _scalar("RANDOM_SEED", "TYPE_UINT64", extension=True),
         _scalar("MIN_TOKENS", "TYPE_INT32", extension=True),
         _scalar("MIN_LENGTH", "TYPE_INT32", extension=True),
+        _scalar("EXCLUDE_INPUT_IN_OUTPUT", "TYPE_BOOL", extension=True),
     ),
     outputs=(
         _t("INPUT_ID", "TYPE_INT32", [-1]),
@@ -216,6 +217,8 @@ PREPROCESSING = ModelContract(
         _t("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", [-1]),
         _scalar("OUT_SEED", "TYPE_UINT64", extension=True),
         _scalar("OUT_MIN_TOKENS", "TYPE_INT32", extension=True),
+        # The text API's default is no prompt echo, whatever the engine's own default (upstream's: echo).
+        _scalar("OUT_EXCLUDE_INPUT_IN_OUTPUT", "TYPE_BOOL", extension=True),
     ),
 )
 
@@ -329,6 +332,7 @@ TEXT_TO_PREPROCESSING = {
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
     "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
+    "exclude_input_in_output": "EXCLUDE_INPUT_IN_OUTPUT",
     **{text: pre for text, (pre, _) in RENAMED_INPUTS.items()},
 }
 # preprocessing output -> engine input (Llama is decoder-only: DECODER_INPUT_ID is not passed on)
@@ -344,6 +348,7 @@ PREPROCESSING_TO_ENGINE = {
     "OUT_PROMPT_TABLE_EXTRA_IDS": "prompt_table_extra_ids",
     "OUT_SEED": "seed",
     "OUT_MIN_TOKENS": "min_tokens",
+    "OUT_EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output",
 }
 # text API input -> engine input, passed through unchanged in value
 TEXT_TO_ENGINE = {
@@ -363,7 +368,6 @@ TEXT_TO_ENGINE = {
     "num_return_sequences": "num_return_sequences",
     "beam_width": "beam_width",
     "stream": "streaming",
-    "exclude_input_in_output": "exclude_input_in_output",
     "prompt_embedding_table": "prompt_embedding_table",
     "prompt_vocab_size": "prompt_vocab_size",
     "lora_task_id": "lora_task_id",

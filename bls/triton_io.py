@@ -52,6 +52,9 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
 
 # Parameters Triton's own clients and frontends attach to requests; they configure Triton, not the model.
 _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", "binary_data")
+# Parameters NVIDIA's own clients send that the tensorrtllm backend ignores too: inflight_batcher_llm_client.py
+# (v0.14) sends {"Streaming": ...} beside the `streaming` input, which is what decides.
+_IGNORED_BY_UPSTREAM = frozenset({"Streaming"})
 
 
 def check_no_parameters(raw: str | None) -> None:
@@ -68,7 +71,7 @@ def check_no_parameters(raw: str | None) -> None:
     except json.JSONDecodeError:
         return
     for name in parameters:
-        if not name.startswith(_TRITON_PARAMETERS):
+        if not name.startswith(_TRITON_PARAMETERS) and name not in _IGNORED_BY_UPSTREAM:
             raise InvalidRequest(name, "is not an input of this model (Triton's generate endpoint passes fields "
                                        "that are not inputs on as parameters, which these models do not use)")
 

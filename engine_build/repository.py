@@ -41,7 +41,10 @@ class RepositorySettings:
     preprocessing_instance_count: int = 1
     postprocessing_instance_count: int = 1
     bls_instance_count: int = 1
-    exclude_input_in_output: bool = True
+    # The engines' default when a request does not say (upstream's: false). Token-level clients such as
+    # NVIDIA's e2e_grpc_speculative_decoding_client.py read the prompt back in output_ids. The text API has
+    # its own default (no echo), sent with every request by preprocessing and the BLS.
+    exclude_input_in_output: bool = False
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
     query_special_tokens: str = "text"

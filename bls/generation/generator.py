@@ -147,7 +147,7 @@ class TextRequest:
             engine_inputs={
                 engine: inputs[text]
                 for text, engine in TEXT_TO_ENGINE.items()
-                if text in inputs and text not in ("stream", "exclude_input_in_output")
+                if text in inputs and text != "stream"  # the BLS decides how it calls the engine
             },
         )
 
