@@ -23,6 +23,8 @@ REPO ?= build/model_repository
 ASSETS ?= build/assets
 HF_MODEL ?=
 DRAFT_HF_MODEL ?=
+# ENGINE=trtllm draft: none (bf16, TensorRT-LLM's documented draft-target choice) or awq.
+DRAFT_QUANT ?= none
 TP ?= 1
 PP ?= 1
 # DECOUPLED=false: unary (non-streaming) models, for clients that use ModelInfer (upstream's decoupled_mode).
@@ -61,6 +63,7 @@ endif
 repo: setup
 	$(BUILD) repo --engine $(ENGINE) --repo $(REPO) --assets $(ASSETS) \
 	    $(if $(HF_MODEL),--hf-model $(HF_MODEL)) $(if $(DRAFT_HF_MODEL),--draft-hf-model $(DRAFT_HF_MODEL)) \
+	    --draft-quant $(DRAFT_QUANT) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS)
 

@@ -117,15 +117,20 @@ def cmd_repo(args) -> None:
     # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x.
     if not args.hf_model:
         raise SystemExit("ENGINE=trtllm needs HF_MODEL=/path/to/a Llama 3 HF checkpoint")
-    from engine_build.quantize import quantize_awq
+    from engine_build.quantize import export_unquantized, quantize_awq
     from engine_build.trtllm import run_trtllm_build
 
     engines = {}
     for role, hf in (("target", args.hf_model), ("draft", args.draft_hf_model)):
         if hf is None:
             continue
-        _stage(f"{role}: AWQ int4 quantization of {hf}")
-        checkpoint = quantize_awq(hf, assets / f"{role}-awq", tp_size=args.tp, pp_size=args.pp)
+        if role == "draft" and args.draft_quant == "none":
+            # TensorRT-LLM documents draft-target decoding for FP16/BF16/FP8 models, not INT4-AWQ.
+            _stage(f"draft: unquantized TensorRT-LLM checkpoint of {hf} (its own dtype)")
+            checkpoint = export_unquantized(hf, assets / "draft-checkpoint", tp_size=args.tp, pp_size=args.pp)
+        else:
+            _stage(f"{role}: AWQ int4 quantization of {hf}")
+            checkpoint = quantize_awq(hf, assets / f"{role}-awq", tp_size=args.tp, pp_size=args.pp)
         _stage(f"{role}: trtllm-build")
         engines[role] = run_trtllm_build(
             checkpoint, assets / f"{role}-engine", max_batch_size=args.max_batch_size,
@@ -194,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--assets", type=Path, default=Path("build/assets"))
             p.add_argument("--hf-model", type=Path)
             p.add_argument("--draft-hf-model", type=Path)
+            p.add_argument("--draft-quant", choices=("none", "awq"), default="none",
+                           help="ENGINE=trtllm draft: none (default; its own bf16/fp16, in TensorRT-LLM's documented "
+                                "draft-target matrix) or awq (int4, outside it)")
             p.add_argument("--quantize", action="store_true", help="embedded + HF_MODEL: serve an AWQ copy")
             p.add_argument("--seed", type=int, default=0)
         p.set_defaults(func=func)

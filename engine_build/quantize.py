@@ -201,3 +201,15 @@ def quantize_awq(
     texts = calib_texts if calib_texts is not None else read_calibration_texts()
     model = awq_calibrated_model(hf_dir, texts, group_size, device)
     return export_trtllm_checkpoint(model, hf_config, out_dir, tp_size=tp_size, pp_size=pp_size, dtype=dtype)
+
+
+def export_unquantized(hf_dir: Path, out_dir: Path, *, tp_size: int = 1, pp_size: int = 1) -> Path:
+    """An HF LlamaForCausalLM dir as an unquantized TensorRT-LLM checkpoint in its own dtype (bf16 for
+    Llama 3): the draft model TensorRT-LLM's draft-target support matrix documents (FP16/BF16/FP8)."""
+    from transformers import LlamaForCausalLM
+
+    hf_dir = Path(hf_dir)
+    hf_config = check_hf_checkpoint(hf_dir, group_size=1)
+    model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").eval()
+    return export_trtllm_checkpoint(model, hf_config, out_dir, tp_size=tp_size, pp_size=pp_size,
+                                    dtype=export_dtype(hf_config))

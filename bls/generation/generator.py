@@ -172,18 +172,24 @@ class GenerationObserver:
 
 
 class _EngineDetails:
-    """The engine outputs a non-streamed response passes on: per-token arrays joined, context logits from
-    the first response, everything else (cumulative log prob, perf metrics) from the latest."""
+    """The engine outputs the final response passes on. Non-streamed: per-token arrays joined, context
+    logits from the first response, everything else (cumulative log prob, perf metrics) from the latest.
+    Streamed: the per-response values went out with each token; the final response repeats the latest
+    per-request values (perf metrics, cumulative log prob), which clients read from every response."""
 
-    def __init__(self) -> None:
+    def __init__(self, streamed: bool) -> None:
+        self._streamed = streamed
         self._latest: Tensors = {}
         self._parts: dict[str, list[np.ndarray]] = {}
 
     def add(self, outputs: Tensors) -> None:
         for name, value in outputs.items():
             if name in _PER_TOKEN_AXIS:
-                self._parts.setdefault(name, []).append(value)
-            elif name != "context_logits" or name not in self._latest:
+                if not self._streamed:
+                    self._parts.setdefault(name, []).append(value)
+            elif name != "context_logits":
+                self._latest[name] = value
+            elif not self._streamed and name not in self._latest:
                 self._latest[name] = value
 
     def tensors(self) -> Tensors:
@@ -230,7 +236,12 @@ class TextGenerator:
             with ThreadPoolExecutor(max_workers=request.batch_size) as pool:
                 results = list(pool.map(lambda row: self._generate_row(request, pre, row, sink, started), rows))
         if request.stream:
-            sink.send(self._summary(request, results), final=True)
+            outputs = self._summary(request, results)
+            # Per-request values, one row per batch row (each row's engine sent the same outputs).
+            for name in results[0].details:
+                if all(name in r.details for r in results):
+                    outputs[name] = np.concatenate([r.details[name] for r in results])
+            sink.send(outputs, final=True)
         else:
             texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results)]
             outputs = self._summary(request, results)
@@ -246,7 +257,7 @@ class TextGenerator:
         result = RowResult(num_input_tokens=len(prompt))
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
-        details = _EngineDetails()
+        details = _EngineDetails(streamed=request.stream)
         cancelled = CancellationPoll(sink, self.config.cancellation_check_period_s)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
@@ -255,9 +266,8 @@ class TextGenerator:
                 result.first_token_s = time.monotonic() - started
                 self.observer.on_first_token(result.first_token_s)
             result.token_ids.extend(new_tokens)
-            if streamer is None:
-                details.add(extra)
-            else:
+            details.add(extra)
+            if streamer is not None:
                 outputs = streamer.push(new_tokens)
                 outputs.update(extra)
                 if outputs:

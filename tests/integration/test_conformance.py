@@ -132,3 +132,22 @@ def test_the_openai_frontends_requests_are_served(endpoint, model, stream, bundl
     # Reproducible: the frontend's seed reaches the engine.
     again = grpc_stream(endpoint.grpc, model, openai_frontend_inputs(prompt, stream), ["text_output"])
     assert b"".join(r["text_output"][0] for r in again.responses) == b"".join(t[0] for t in texts)
+
+
+@pytest.mark.parametrize("model", TEXT_MODELS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_perf_metrics_are_in_every_response_as_the_1_2_client_reads_them(endpoint, model, stream):
+    """TensorRT-LLM 1.2's end_to_end_grpc_client.py --return-perf-metrics reads result.as_numpy(name)[0][0]
+    from each response, the final one included."""
+    names = ["kv_cache_alloc_new_blocks", "kv_cache_reused_blocks", "kv_cache_alloc_total_blocks", "arrival_time_ns",
+             "first_scheduled_time_ns", "first_token_time_ns", "last_token_time_ns", "acceptance_rate",
+             "total_accepted_draft_tokens", "total_draft_tokens"]
+    inputs = {"text_input": strings("Hello there"), "max_tokens": np.array([[5]], np.int32),
+              "stream": np.array([[stream]]), "return_perf_metrics": np.array([[True]]),
+              "exclude_input_in_output": np.array([[False]])}  # the 1.2 client always sends it
+    result = grpc_stream(endpoint.grpc, model, inputs, ["text_output", *names])
+    assert result.error is None and result.completed and result.responses
+    for response in result.responses:
+        for name in names:
+            assert response[name].shape == (1, 1), name
+        assert response["arrival_time_ns"][0][0] > 0
