@@ -31,6 +31,26 @@ PP ?= 1
 DECOUPLED ?= true
 # QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; see README).
 QUERY_SPECIAL_TOKENS ?= text
+# ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
+# DRY_RUN=1 plans, renders and prints the commands without a GPU (GPU_MEM_GB=80 to plan for an 80 GB GPU).
+PROFILE ?= throughput
+DRY_RUN ?=
+GPU_MEM_GB ?=
+KV_CACHE_DTYPE ?= auto
+MAX_BATCH_SIZE ?=
+MAX_NUM_TOKENS ?=
+MAX_INPUT_LEN ?=
+MAX_SEQ_LEN ?=
+KV_CACHE_FRACTION ?=
+BATCH_SCHEDULER_POLICY ?=
+ENABLE_CHUNKED_CONTEXT ?=
+SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
+    $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
+    $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \
+    $(if $(MAX_SEQ_LEN),--max-seq-len $(MAX_SEQ_LEN)) $(if $(KV_CACHE_FRACTION),--kv-cache-fraction $(KV_CACHE_FRACTION)) \
+    $(if $(BATCH_SCHEDULER_POLICY),--batch-scheduler-policy $(BATCH_SCHEDULER_POLICY)) \
+    $(if $(filter true,$(ENABLE_CHUNKED_CONTEXT)),--enable-chunked-context) \
+    $(if $(filter false,$(ENABLE_CHUNKED_CONTEXT)),--no-enable-chunked-context)
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
@@ -42,10 +62,11 @@ BUILD := $(PY) -m engine_build
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run the unit + integration tests"
-	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box)"
+	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make bench   print the benchmark tables"
 	@echo "make soak    concurrent mixed load with faults (DURATION=seconds CONCURRENCY=clients)"
 	@echo "make perf-analyzer / make genai-perf   Triton's own load tools (PERF_URL=host:port)"
+	@echo "make gpu-bench   trtllm-bench + genai-perf on a built TensorRT-LLM repository (in the container)"
 	@echo "make clean   remove build outputs (keeps the venv; 'make distclean' removes it too)"
 
 setup: $(STAMP)
@@ -65,7 +86,7 @@ repo: setup
 	    $(if $(HF_MODEL),--hf-model $(HF_MODEL)) $(if $(DRAFT_HF_MODEL),--draft-hf-model $(DRAFT_HF_MODEL)) \
 	    --draft-quant $(DRAFT_QUANT) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
-	    --query-special-tokens $(QUERY_SPECIAL_TOKENS)
+	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(SIZING)
 
 serve: repo
 	$(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
@@ -102,7 +123,7 @@ PERF_MAX_TOKENS ?= 32
 PERF_ARGS = $(if $(PERF_URL),--url $(PERF_URL)) --repo $(REPO) --models $(PERF_MODELS) \
     --concurrency $(PERF_CONCURRENCY) --requests $(PERF_REQUESTS) --max-tokens $(PERF_MAX_TOKENS) --perf-venv $(PERF_VENV)
 
-.PHONY: perf-analyzer genai-perf
+.PHONY: perf-analyzer genai-perf gpu-bench
 
 $(PERF_VENV)/.installed:
 	$(PYTHON) -m venv $(PERF_VENV)
@@ -119,3 +140,8 @@ perf-analyzer: setup $(PERF_VENV)/.installed
 
 genai-perf: setup $(PERF_VENV)/.installed $(GENAI_PERF_VENV)/.installed
 	$(PY) -m tools.perf_tools genai-perf $(PERF_ARGS) --genai-venv $(GENAI_PERF_VENV) --tokenizer $(PERF_TOKENIZER)
+
+# In the 26.07 TensorRT-LLM container, after `make repo ENGINE=trtllm`: trtllm-bench on the engine, genai-perf on
+# ensemble and BLS, beside the seeds' figures (tools/gpu_bench.py). Not run in this repository's development.
+gpu-bench: setup $(PERF_VENV)/.installed $(GENAI_PERF_VENV)/.installed
+	$(PY) -m tools.gpu_bench --repo $(REPO) --perf-venv $(PERF_VENV) --genai-venv $(GENAI_PERF_VENV)

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+from engine_build.gpu_plan import PROFILES, Profile, profile_with
 from engine_build.repository import RepositorySettings, assemble_repository
 
 ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
@@ -68,26 +69,32 @@ def cmd_assets(args) -> None:
 
 
 def cmd_quantize(args) -> None:
-    from engine_build.quantize import quantize_awq
+    from engine_build.quantize import export_unquantized, quantize_awq
 
+    if args.quantization == "none":
+        export_unquantized(args.hf_model, args.out, tp_size=args.tp, pp_size=args.pp)
+        return
     calib = args.calib.read_text().split("\n\n") if args.calib else None
-    quantize_awq(args.hf_model, args.out, calib_texts=calib, tp_size=args.tp, pp_size=args.pp)
+    quantize_awq(args.hf_model, args.out, calib_texts=calib, tp_size=args.tp, pp_size=args.pp,
+                 kv_cache_dtype=args.kv_cache_dtype)
 
 
 def cmd_build(args) -> None:
     from engine_build.trtllm import run_trtllm_build
 
+    profile = _profile(args)
     run_trtllm_build(
-        args.checkpoint, args.out, max_batch_size=args.max_batch_size, max_input_len=args.max_input_len,
-        max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens, max_draft_len=args.max_draft_len,
+        args.checkpoint, args.out, max_batch_size=profile.max_batch_size, max_input_len=profile.max_input_len,
+        max_seq_len=profile.max_seq_len, max_num_tokens=profile.max_num_tokens, max_draft_len=args.max_draft_len,
         workers=args.tp * args.pp,
     )
 
 
 def cmd_assemble(args) -> None:
+    profile = _profile(args)
     settings = RepositorySettings(
         engine=args.engine, tokenizer_dir=args.tokenizer, target=args.target, draft=args.draft,
-        synthetic=args.synthetic, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        synthetic=args.synthetic, max_input_len=profile.max_input_len, max_seq_len=profile.max_seq_len,
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len,
@@ -114,41 +121,27 @@ def cmd_repo(args) -> None:
         cmd_assemble(args)
         return
 
-    # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x.
+    # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x (DRY_RUN=1: the plan, the configs and the commands only).
     if not args.hf_model:
         raise SystemExit("ENGINE=trtllm needs HF_MODEL=/path/to/a Llama 3 HF checkpoint")
-    from engine_build.quantize import export_unquantized, quantize_awq
-    from engine_build.trtllm import run_trtllm_build
+    from engine_build.trtllm_flow import build_trtllm_repository
 
-    engines = {}
-    for role, hf in (("target", args.hf_model), ("draft", args.draft_hf_model)):
-        if hf is None:
-            continue
-        if role == "draft" and args.draft_quant == "none":
-            # TensorRT-LLM documents draft-target decoding for FP16/BF16/FP8 models, not INT4-AWQ.
-            _stage(f"draft: unquantized TensorRT-LLM checkpoint of {hf} (its own dtype)")
-            checkpoint = export_unquantized(hf, assets / "draft-checkpoint", tp_size=args.tp, pp_size=args.pp)
-        else:
-            _stage(f"{role}: AWQ int4 quantization of {hf}")
-            checkpoint = quantize_awq(hf, assets / f"{role}-awq", tp_size=args.tp, pp_size=args.pp)
-        _stage(f"{role}: trtllm-build")
-        engines[role] = run_trtllm_build(
-            checkpoint, assets / f"{role}-engine", max_batch_size=args.max_batch_size,
-            max_input_len=args.max_input_len, max_seq_len=args.max_seq_len, max_num_tokens=args.max_num_tokens,
-            max_draft_len=args.max_draft_len if role == "target" and args.draft_hf_model else 0,
-            workers=args.tp * args.pp,
-        )
-    args.tokenizer, args.target, args.draft = args.hf_model, engines["target"], engines.get("draft")
-    cmd_assemble(args)
+    build_trtllm_repository(args, _stage)
 
 
-def _limits(parser: argparse.ArgumentParser, max_draft_len: int) -> None:
-    parser.add_argument("--max-batch-size", type=int, default=8)
-    parser.add_argument("--max-input-len", type=int, default=3072)
-    parser.add_argument("--max-seq-len", type=int, default=4096)
-    parser.add_argument("--max-num-tokens", type=int, default=8192)
+def _sizes(parser: argparse.ArgumentParser, max_draft_len: int) -> None:
+    """Engine sizes: a profile (engine_build/gpu_plan.py), any value overridable alone."""
+    parser.add_argument("--profile", choices=sorted(PROFILES), default="throughput",
+                        help="throughput (default: many users at once) or latency (small batch, interactive)")
+    for flag in ("--max-batch-size", "--max-num-tokens", "--max-input-len", "--max-seq-len"):
+        parser.add_argument(flag, type=int, help="default: the profile's")
     parser.add_argument("--max-draft-len", type=int, default=max_draft_len,
                         help="draft tokens a target engine verifies per step (0: an engine without a draft)")
+
+
+def _profile(args) -> Profile:
+    return profile_with(args.profile, max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
+                        max_input_len=args.max_input_len, max_seq_len=args.max_seq_len)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_assets)
 
-    p = sub.add_parser("quantize", help="HF checkpoint -> AWQ int4 TensorRT-LLM checkpoint")
+    p = sub.add_parser("quantize", help="HF checkpoint -> AWQ int4 (or unquantized) TensorRT-LLM checkpoint")
     p.add_argument("--hf-model", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--quantization", choices=("awq", "none"), default="awq")
+    p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                   help="fp8: FP8 KV-cache quantizers calibrated with the weights (Ada/Hopper GPUs)")
     p.add_argument("--calib", type=Path, help="calibration text file (paragraphs separated by blank lines)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
@@ -174,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
-    _limits(p, max_draft_len=0)  # draft-capable only when asked: such an engine needs KV reuse
+    _sizes(p, max_draft_len=0)  # draft-capable only when asked: such an engine needs KV reuse
     p.set_defaults(func=cmd_build)
 
     for name, func, help_text in (("assemble", cmd_assemble, "checkpoints/engines + configs -> repository"),
@@ -188,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--query-special-tokens", choices=("text", "parse"), default="text",
                        help="text (default): <|...|> strings in text_input stay text; parse: a trusted front end "
                             "(Triton's OpenAI frontend) sends prompts it rendered with the chat template")
-        _limits(p, max_draft_len=8)  # used only when a draft model is given
+        _sizes(p, max_draft_len=8)  # used only when a draft model is given
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)
         if name == "assemble":
@@ -203,6 +199,14 @@ def main(argv: list[str] | None = None) -> int:
                            help="ENGINE=trtllm draft: none (default; its own bf16/fp16, in TensorRT-LLM's documented "
                                 "draft-target matrix) or awq (int4, outside it)")
             p.add_argument("--quantize", action="store_true", help="embedded + HF_MODEL: serve an AWQ copy")
+            p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
+                           help="ENGINE=trtllm: fp8 halves the KV cache (compute capability 8.9+: Ada, Hopper)")
+            p.add_argument("--kv-cache-fraction", type=float, help="KV cache share of free GPU memory (profile's)")
+            p.add_argument("--batch-scheduler-policy", choices=("guaranteed_no_evict", "max_utilization"))
+            p.add_argument("--enable-chunked-context", action=argparse.BooleanOptionalAction, default=None)
+            p.add_argument("--gpu-mem-gb", type=float, help="memory of one GPU to plan for (GiB); default: nvidia-smi")
+            p.add_argument("--dry-run", action="store_true",
+                           help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
         p.set_defaults(func=func)
 

@@ -93,10 +93,13 @@ def calibration_batches(tokenizer, texts: list[str], max_tokens: int = MAX_CALIB
     return batches
 
 
+
+
 def awq_calibrated_model(
-    hf_dir: Path, calib_texts: list[str], group_size: int, device: str
+    hf_dir: Path, calib_texts: list[str], group_size: int, device: str, kv_cache_dtype: str = "auto"
 ):
-    """The HF model with modelopt's fake-quant AWQ int4 weights (the state the export packs)."""
+    """The HF model with modelopt's fake-quant AWQ int4 weights (the state the export packs); with
+    kv_cache_dtype "fp8", FP8 quantizers calibrated on the KV cache too."""
     import modelopt.torch.quantization as mtq
     import torch
     from tqdm import tqdm
@@ -118,6 +121,10 @@ def awq_calibrated_model(
 
     config = copy.deepcopy(mtq.INT4_AWQ_CFG)
     config["quant_cfg"]["*weight_quantizer"]["block_sizes"][-1] = group_size
+    if kv_cache_dtype == "fp8":
+        # modelopt's own FP8 KV-cache quantizers (the attention's k/v bmm inputs, e4m3), calibrated with the
+        # weights; the export then writes kv_cache_quant_algo FP8, which trtllm-build reads.
+        config["quant_cfg"].update({key: value for key, value in mtq.FP8_KV_CFG["quant_cfg"].items() if key != "default"})
     _log(f"AWQ int4 (group {group_size}) on {device}: {len(batches)} calibration samples, "
          f"{sum(b.shape[1] for b in batches)} tokens")
     start = time.perf_counter()
@@ -185,6 +192,7 @@ def quantize_awq(
     pp_size: int = 1,
     device: str | None = None,
     dtype: str = "auto",
+    kv_cache_dtype: str = "auto",
 ) -> Path:
     """Quantize an HF LlamaForCausalLM dir to a TensorRT-LLM W4A16_AWQ checkpoint in out_dir.
 
@@ -199,7 +207,7 @@ def quantize_awq(
     dtype = export_dtype(hf_config) if dtype == "auto" else dtype
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     texts = calib_texts if calib_texts is not None else read_calibration_texts()
-    model = awq_calibrated_model(hf_dir, texts, group_size, device)
+    model = awq_calibrated_model(hf_dir, texts, group_size, device, kv_cache_dtype)
     return export_trtllm_checkpoint(model, hf_config, out_dir, tp_size=tp_size, pp_size=pp_size, dtype=dtype)
 
 

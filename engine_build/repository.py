@@ -61,10 +61,18 @@ class RepositorySettings:
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
     # so the two fractions stay well under 1 together.
-    world_size: int = 1  # TP x PP of the engines (trtllm)
-    target_kv_cache_fraction: float = 0.85
-    target_kv_cache_fraction_with_draft: float = 0.5
-    draft_kv_cache_fraction: float = 0.25
+    # The TensorRT-LLM engine's backend parameters (ENGINE=trtllm); engine_build/gpu_plan.py says where each
+    # default comes from, and the profile of `make repo` sets them.
+    world_size: int = 1  # TP x PP of the engines
+    batch_scheduler_policy: str = "guaranteed_no_evict"
+    enable_chunked_context: bool = True
+    enable_kv_cache_reuse: bool = True
+    target_kv_cache_fraction: float = 0.9
+    target_kv_cache_fraction_with_draft: float = 0.7
+    draft_kv_cache_fraction: float = 0.9
+    draft_max_kv_tokens: int | None = None  # the draft's cache, capped to the target's token capacity
+    engines_built: bool = True  # false: a dry run rendered the configs, the engine folders are empty
+    plan: dict | None = None  # the engine plan and capacity check of `make repo ENGINE=trtllm`, for the record
 
 
 class RepositoryError(RuntimeError):
@@ -168,31 +176,30 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         fraction = settings.draft_kv_cache_fraction
     else:
         fraction = settings.target_kv_cache_fraction_with_draft if settings.draft else settings.target_kv_cache_fraction
+    extra = {}
+    if settings.draft:  # orchestrator mode: both models' ranks on GPUs 0..world_size-1 (same TP x PP)
+        extra["gpu_device_ids"] = ",".join(str(gpu) for gpu in range(settings.world_size))
+    if is_draft and settings.draft_max_kv_tokens:
+        extra["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
     version_dir = out / name / "1"
     version_dir.mkdir(parents=True)
     config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt", {
         **common,
         "engine_dir": str(version_dir.resolve()),
-        "batch_scheduler_policy": "guaranteed_no_evict",
+        "batch_scheduler_policy": settings.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": fraction,
-        # Draft-target speculative decoding reuses the KV cache of accepted tokens on both models.
-        "enable_kv_cache_reuse": settings.draft is not None,
+        # Draft-target speculative decoding needs KV cache reuse on both models.
+        "enable_kv_cache_reuse": settings.enable_kv_cache_reuse or settings.draft is not None,
+        "enable_chunked_context": settings.enable_chunked_context,
         "exclude_input_in_output": settings.exclude_input_in_output,
-        "orchestrator_parameters": _orchestrator_parameters(settings),
+        "extra_parameters": "\n".join(
+            f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in extra.items()),
     }, contract_name=TARGET_MODEL)
     (out / name / "config.pbtxt").write_text(config)
-    from engine_build.trtllm import copy_engine
+    if settings.engines_built:
+        from engine_build.trtllm import copy_engine
 
-    copy_engine(source, version_dir)
-
-
-def _orchestrator_parameters(settings: RepositorySettings) -> str:
-    """gpu_device_ids for a repository served in orchestrator mode (a draft beside the target): both models'
-    ranks on GPUs 0..world_size-1, the draft built with the same TP x PP. Leader mode needs none."""
-    if not settings.draft:
-        return ""
-    devices = ",".join(str(gpu) for gpu in range(settings.world_size))
-    return f'parameters {{ key: "gpu_device_ids" value: {{ string_value: "{devices}" }} }}'
+        copy_engine(source, version_dir)
 
 
 def _link_tree(source: Path, dest: Path) -> None:

@@ -34,6 +34,10 @@ class TritonInstall:
     backend_dir: Path | None  # None: the binary's built-in default (/opt/tritonserver/backends)
 
 
+# tritonserver in NVIDIA's containers (the 26.07 TensorRT-LLM one among them).
+CONTAINER_TRITONSERVER = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None)
+
+
 def _wheel_root() -> Path:
     import pytriton  # the nvidia-pytriton wheel
 
@@ -105,6 +109,8 @@ def server_command(
     engine_model_names: tuple[str, ...] = ("tensorrt_llm",),
     orchestrator: bool = False,
     extra_args: tuple[str, ...] = (),
+    install: TritonInstall | None = None,
+    gpu: bool | None = None,
 ) -> list[str]:
     """tritonserver's argv, launched as TensorRT-LLM's launch_triton_server.py launches it.
 
@@ -114,7 +120,8 @@ def server_command(
     engine rank (executor_worker_path), each model placed by its gpu_device_ids; it needs
     ORCHESTRATOR_ENVIRONMENT, and the CUDA memory pools off as upstream sets them.
     """
-    install = find_tritonserver()
+    install = install or find_tritonserver()
+    gpu = gpu_available() if gpu is None else gpu
 
     def rank_args(rank: int) -> list[str]:
         args = [
@@ -132,7 +139,7 @@ def server_command(
         ]
         if install.backend_dir is not None:
             args.append(f"--backend-directory={install.backend_dir}")
-        if not gpu_available():
+        if not gpu:
             # Without these, a CPU box logs NVML/DCGM/pinned-memory errors at every start.
             args += ["--allow-gpu-metrics=false", "--pinned-memory-pool-byte-size=0"]
         if rank > 0:
@@ -142,8 +149,8 @@ def server_command(
 
     if orchestrator:
         pools = [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(world_size)]
-        return ["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0), "--pinned-memory-pool-byte-size=0",
-                "--enable-peer-access=false", *pools]
+        gpu_only = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", *pools] if gpu else []
+        return ["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0), *gpu_only]
     if world_size == 1:
         return rank_args(0)
     command = ["mpirun", "--allow-run-as-root"]
@@ -186,11 +193,9 @@ class TritonServer:
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
     def start(self) -> "TritonServer":
-        command = server_command(self.repo, self.ports, address=self.address, extra_args=self.extra_args)
+        command, env = launch(self.repo, self.ports, address=self.address, extra_args=self.extra_args)
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(
-            command, env=server_environment(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.wait_ready()
         return self
 
@@ -239,18 +244,26 @@ def is_ready(http_url: str) -> bool:
         return False
 
 
-def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
-    """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
+def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "0.0.0.0",
+           extra_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that serve `repo`: the launch mode follows what its repository.json says."""
     manifest_file = repo / "repository.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     orchestrator = needs_orchestrator(manifest)
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
-    command = server_command(repo, ports, world_size=world_size, engine_model_names=engines, orchestrator=orchestrator)
+    command = server_command(repo, ports, address=address, world_size=world_size, engine_model_names=engines,
+                             orchestrator=orchestrator, extra_args=extra_args)
     env = server_environment()
     if orchestrator:
         env.update(ORCHESTRATOR_ENVIRONMENT)
-        print("orchestrator mode (target + draft): " + " ".join(f"{k}={v}" for k, v in ORCHESTRATOR_ENVIRONMENT.items()))
-    print("+ " + " ".join(command), flush=True)
+    return command, env
+
+
+def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
+    """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
+    command, env = launch(repo, ports, world_size)
+    overrides = " ".join(f"{key}={env[key]}" for key in ORCHESTRATOR_ENVIRONMENT if key in env)
+    print("+ " + (overrides + " " if overrides else "") + " ".join(command), flush=True)
     process = subprocess.Popen(command, env=env)
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
     try:

@@ -254,3 +254,13 @@ def test_loader_errors(awq_target, tmp_path):
     with pytest.raises(CheckpointError, match="FP8"):
         load_checkpoint(_edited_trtllm_dir(awq_target, tmp_path / "c",
                                            lambda c: c["quantization"].update(quant_algo="FP8")))
+
+
+def test_fp8_kv_cache_is_calibrated_and_exported(tmp_path, tokenizer_dir):
+    """KV_CACHE_DTYPE=fp8: modelopt's FP8 KV quantizers, exported as TensorRT-LLM reads them."""
+    shape = TinyLlamaShape(num_hidden_layers=1)
+    write_hf_checkpoint(tmp_path / "hf", shape, tiny_llama_weights(shape, seed=5), tokenizer_dir)
+    quantize_awq(tmp_path / "hf", tmp_path / "trt", calib_texts=read_calibration_texts()[:2], device="cpu",
+                 kv_cache_dtype="fp8")
+    quantization = json.loads((tmp_path / "trt" / "config.json").read_text())["quantization"]
+    assert (quantization["quant_algo"], quantization["kv_cache_quant_algo"]) == ("W4A16_AWQ", "FP8")

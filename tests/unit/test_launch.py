@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from engine_build.repository import RepositorySettings, _orchestrator_parameters
 from serving import tritonserver
 from serving.tritonserver import ORCHESTRATOR_ENVIRONMENT, ServerPorts, needs_orchestrator, server_command
 
@@ -53,10 +52,3 @@ def test_a_draft_needs_orchestrator_mode_with_world_size_one():
     assert {"--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
             "--cuda-memory-pool-byte-size=1:0"} <= set(command)
     assert ORCHESTRATOR_ENVIRONMENT == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
-
-
-def test_gpu_device_ids_only_in_orchestrator_mode(tmp_path):
-    base = dict(engine="trtllm", tokenizer_dir=tmp_path, target=tmp_path, world_size=2)
-    assert _orchestrator_parameters(RepositorySettings(**base)) == ""
-    with_draft = _orchestrator_parameters(RepositorySettings(**base, draft=tmp_path))
-    assert 'key: "gpu_device_ids"' in with_draft and 'string_value: "0,1"' in with_draft

@@ -57,7 +57,8 @@ def test_trtllm_config_targets_the_cpp_backend():
         "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
         "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/engines/llama3",
         "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.5,
-        "enable_kv_cache_reuse": True, "exclude_input_in_output": True, "orchestrator_parameters": "",
+        "enable_kv_cache_reuse": True, "exclude_input_in_output": True, "extra_parameters": "",
+        "enable_chunked_context": True,
     }, contract_name="tensorrt_llm")
     config = parse_model_config(text, "trtllm")
     assert config.backend == "tensorrtllm"

@@ -1,0 +1,201 @@
+"""`make repo ENGINE=trtllm`: plan the engine, then quantize, build and assemble; or, with DRY_RUN=1, only
+plan: read the HF config, size the engine and its KV cache, render and validate every config into the
+repository folder, and print the exact commands a real run would run. A dry run calls nothing that needs
+a GPU, so it works on any machine (give the GPU memory to plan for as GPU_MEM_GB= where there is no GPU).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from engine_build.gpu_plan import (
+    DRAFT_KV_FRACTION, GiB, TARGET_KV_FRACTION_WITH_DRAFT, Capacity, ModelShape, Profile, check_fp8_kv_cache,
+    gpu_compute_capability, gpu_memory_bytes, profile_with,
+)
+from engine_build.repository import RepositorySettings, assemble_repository
+from engine_build.trtllm import trtllm_build_command
+
+
+@dataclass(frozen=True)
+class Command:
+    """One step of the plan, as a command line (what `python -m engine_build` or the container runs)."""
+
+    title: str
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        env = " ".join(f"{key}={value}" for key, value in self.env.items())
+        return f"# {self.title}\n" + (env + " " if env else "") + shlex.join(self.argv)
+
+
+@dataclass(frozen=True)
+class GpuPlan:
+    profile: Profile
+    kv_cache_dtype: str
+    tp: int
+    pp: int
+    target_hf: Path
+    draft_hf: Path | None
+    draft_quant: str
+    max_draft_len: int
+    capacity: Capacity
+    target_checkpoint: Path
+    target_engine: Path
+    draft_checkpoint: Path | None
+    draft_engine: Path | None
+
+    @property
+    def world_size(self) -> int:
+        return self.tp * self.pp
+
+    def engine_builds(self) -> list[tuple[str, Path, Path, int]]:
+        """(role, checkpoint, engine dir, max_draft_len) of each trtllm-build; draft-capable only with a draft."""
+        builds = [("target", self.target_checkpoint, self.target_engine, self.max_draft_len if self.draft_hf else 0)]
+        if self.draft_hf is not None:
+            builds.append(("draft", self.draft_checkpoint, self.draft_engine, 0))
+        return builds
+
+    def build_options(self, max_draft_len: int) -> dict:
+        profile = self.profile
+        return dict(max_batch_size=profile.max_batch_size, max_input_len=profile.max_input_len,
+                    max_seq_len=profile.max_seq_len, max_num_tokens=profile.max_num_tokens,
+                    max_draft_len=max_draft_len, workers=self.world_size)
+
+    def commands(self, repo: Path) -> list[Command]:
+        from serving.tritonserver import CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, server_command
+
+        python = [sys.executable, "-m", "engine_build"]
+        ranks = ["--tp", str(self.tp), "--pp", str(self.pp)]
+        kv = ["--kv-cache-dtype", self.kv_cache_dtype] if self.kv_cache_dtype != "auto" else []
+        steps = [Command("target: AWQ int4 (group 128) TensorRT-LLM checkpoint (nvidia-modelopt)",
+                         [*python, "quantize", "--hf-model", str(self.target_hf), "--out", str(self.target_checkpoint),
+                          *ranks, *kv])]
+        if self.draft_hf is not None:
+            steps.append(Command(f"draft: {'unquantized' if self.draft_quant == 'none' else 'AWQ int4'} checkpoint",
+                                 [*python, "quantize", "--hf-model", str(self.draft_hf), "--out",
+                                  str(self.draft_checkpoint), "--quantization", self.draft_quant, *ranks, *kv]))
+        for role, checkpoint, engine, draft_len in self.engine_builds():
+            steps.append(Command(f"{role}: trtllm-build",
+                                 trtllm_build_command(checkpoint, engine, **self.build_options(draft_len))))
+        orchestrator = self.draft_hf is not None
+        engines = ("tensorrt_llm", "tensorrt_llm_draft") if orchestrator else ("tensorrt_llm",)
+        steps.append(Command(
+            "serve (make serve)" + (": orchestrator mode, target and draft" if orchestrator else ""),
+            server_command(repo, ServerPorts(), world_size=self.world_size, engine_model_names=engines,
+                           orchestrator=orchestrator, install=CONTAINER_TRITONSERVER, gpu=True),
+            dict(ORCHESTRATOR_ENVIRONMENT) if orchestrator else {}))
+        return steps
+
+    def repository_settings(self, tokenizer: Path, args) -> RepositorySettings:
+        profile = self.profile
+        return RepositorySettings(
+            engine="trtllm", tokenizer_dir=tokenizer, target=self.target_engine, draft=self.draft_engine,
+            # Triton's side follows the engine's: a batch of requests goes to the backend at once, and one more
+            # engine batch may wait in Triton's queue before it answers "queue full".
+            triton_max_batch_size=profile.max_batch_size, max_queue_size=profile.max_batch_size,
+            max_queue_delay_microseconds=profile.max_queue_delay_microseconds,
+            max_input_len=profile.max_input_len, max_seq_len=profile.max_seq_len, max_draft_len=self.max_draft_len,
+            decoupled=args.decoupled, query_special_tokens=args.query_special_tokens, world_size=self.world_size,
+            batch_scheduler_policy=profile.batch_scheduler_policy,
+            enable_chunked_context=profile.enable_chunked_context,
+            enable_kv_cache_reuse=profile.enable_kv_cache_reuse or self.draft_hf is not None,
+            target_kv_cache_fraction=profile.kv_cache_free_gpu_mem_fraction,
+            target_kv_cache_fraction_with_draft=TARGET_KV_FRACTION_WITH_DRAFT,
+            draft_kv_cache_fraction=DRAFT_KV_FRACTION,
+            draft_max_kv_tokens=self.capacity.kv_cache_tokens if self.draft_hf else None,
+            engines_built=not args.dry_run,
+            plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
+                  "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict()},
+        )
+
+
+def _hf_config(path: Path, role: str) -> dict:
+    config = Path(path) / "config.json"
+    if not config.is_file():
+        raise SystemExit(f"{role} {path} has no config.json: not a Hugging Face checkpoint")
+    return json.loads(config.read_text())
+
+
+def plan(args) -> GpuPlan:
+    """Everything decided from the configs and the GPU's size, before anything runs."""
+    profile = profile_with(
+        args.profile, max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
+        max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        kv_cache_free_gpu_mem_fraction=args.kv_cache_fraction, batch_scheduler_policy=args.batch_scheduler_policy,
+        enable_chunked_context=args.enable_chunked_context,
+    )
+    target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
+    draft = ModelShape.from_hf_config(_hf_config(args.draft_hf_model, "DRAFT_HF_MODEL")) if args.draft_hf_model else None
+
+    memory = int(args.gpu_mem_gb * GiB) if args.gpu_mem_gb else gpu_memory_bytes()
+    if memory is None:
+        raise SystemExit("no NVIDIA GPU found to size the KV cache for: give the memory of the GPU to plan for, "
+                         "e.g. GPU_MEM_GB=80 (an H100 80GB)")
+    if args.kv_cache_dtype == "fp8":
+        capability = gpu_compute_capability()
+        problem = check_fp8_kv_cache(capability)
+        if problem:
+            raise SystemExit(problem)
+        if capability is None:
+            print("[plan] KV_CACHE_DTYPE=fp8: no GPU here to check; it needs compute capability 8.9+ (Ada, Hopper)",
+                  file=sys.stderr)
+
+    weights = target.weight_bytes("awq")
+    if draft is not None:
+        weights += draft.weight_bytes(args.draft_quant)
+    fraction = TARGET_KV_FRACTION_WITH_DRAFT if draft else profile.kv_cache_free_gpu_mem_fraction
+    capacity = Capacity(
+        gpu_memory_bytes=memory, gpus=args.tp * args.pp, weight_bytes=weights, kv_cache_fraction=fraction,
+        kv_bytes_per_token=target.kv_bytes_per_token(args.kv_cache_dtype, args.tp), max_seq_len=profile.max_seq_len,
+        max_batch_size=profile.max_batch_size)
+    if capacity.kv_cache_tokens < profile.max_seq_len:
+        raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
+                         "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
+    assets = args.assets
+    return GpuPlan(
+        profile=profile, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp, pp=args.pp, target_hf=args.hf_model,
+        draft_hf=args.draft_hf_model, draft_quant=args.draft_quant, max_draft_len=args.max_draft_len,
+        capacity=capacity, target_checkpoint=assets / "target-awq", target_engine=assets / "target-engine",
+        draft_checkpoint=assets / "draft-checkpoint" if draft else None,
+        draft_engine=assets / "draft-engine" if draft else None,
+    )
+
+
+def build_trtllm_repository(args, log) -> Path:
+    gpu_plan = plan(args)
+    log(f"profile {gpu_plan.profile.name}: " + ", ".join(
+        f"{key}={value}" for key, value in asdict(gpu_plan.profile).items() if key != "name"))
+    log(gpu_plan.capacity.report())
+    commands = gpu_plan.commands(args.repo.resolve())
+    if args.dry_run:
+        log("DRY_RUN: these are the commands a real run runs, in order:\n\n" + "\n\n".join(map(str, commands)) + "\n")
+    else:
+        _run(gpu_plan, log)
+    out = assemble_repository(args.repo, gpu_plan.repository_settings(args.hf_model, args))
+    log(f"model repository {'rendered and validated (no engines: dry run)' if args.dry_run else 'ready'}: {out}")
+    return out
+
+
+def _run(gpu_plan: GpuPlan, log) -> None:
+    """The steps of `commands()`, in-process (the quantize command line calls these same functions)."""
+    from engine_build.quantize import export_unquantized, quantize_awq
+    from engine_build.trtllm import check_gpu_stage_environment, run_trtllm_build
+
+    check_gpu_stage_environment()  # before an hour of quantization, not after
+    ranks = dict(tp_size=gpu_plan.tp, pp_size=gpu_plan.pp)
+    log(f"target: AWQ int4 quantization of {gpu_plan.target_hf}")
+    quantize_awq(gpu_plan.target_hf, gpu_plan.target_checkpoint, kv_cache_dtype=gpu_plan.kv_cache_dtype, **ranks)
+    if gpu_plan.draft_hf is not None:
+        log(f"draft: {gpu_plan.draft_quant} checkpoint of {gpu_plan.draft_hf}")
+        if gpu_plan.draft_quant == "none":
+            export_unquantized(gpu_plan.draft_hf, gpu_plan.draft_checkpoint, **ranks)
+        else:
+            quantize_awq(gpu_plan.draft_hf, gpu_plan.draft_checkpoint, kv_cache_dtype=gpu_plan.kv_cache_dtype, **ranks)
+    for role, checkpoint, engine, draft_len in gpu_plan.engine_builds():
+        log(f"{role}: trtllm-build")
+        run_trtllm_build(checkpoint, engine, **gpu_plan.build_options(draft_len))
