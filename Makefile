@@ -34,6 +34,8 @@ QUERY_SPECIAL_TOKENS ?= text
 # ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
 # DRY_RUN=1 plans, renders and prints the commands without a GPU (GPU_MEM_GB=80 to plan for an 80 GB GPU).
 PROFILE ?= throughput
+# SERVE_PATH=/models/llama3: where the repository will be served (the C++ backend opens gpt_model_path as given).
+SERVE_PATH ?=
 DRY_RUN ?=
 GPU_MEM_GB ?=
 KV_CACHE_DTYPE ?= auto
@@ -45,6 +47,7 @@ KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
+    $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \
     $(if $(MAX_SEQ_LEN),--max-seq-len $(MAX_SEQ_LEN)) $(if $(KV_CACHE_FRACTION),--kv-cache-fraction $(KV_CACHE_FRACTION)) \
@@ -57,7 +60,7 @@ METRICS_PORT ?= 8002
 SERVER_URL ?=
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve test bench soak clean distclean help
+.PHONY: setup repo serve test bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
@@ -67,6 +70,7 @@ help:
 	@echo "make soak    concurrent mixed load with faults (DURATION=seconds CONCURRENCY=clients)"
 	@echo "make perf-analyzer / make genai-perf   Triton's own load tools (PERF_URL=host:port)"
 	@echo "make gpu-bench   trtllm-bench + genai-perf on a built TensorRT-LLM repository (in the container)"
+	@echo "make dist    pack the built repository into build/dist/*.tar.gz (with its manifest)"
 	@echo "make clean   remove build outputs (keeps the venv; 'make distclean' removes it too)"
 
 setup: $(STAMP)
@@ -101,6 +105,10 @@ bench: repo
 
 soak: repo
 	$(PY) -m tools.soak --repo $(REPO) $(if $(DURATION),--duration $(DURATION)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
+
+# The built repository as one tarball, checked against its manifest (docs/operations.md: shipping it).
+dist: setup
+	$(BUILD) dist --repo $(REPO)
 
 clean:
 	rm -rf build .pytest_cache

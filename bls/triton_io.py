@@ -11,12 +11,14 @@ import json
 import logging
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 
 import triton_python_backend_utils as pb_utils
 
+from bls.artifact import verify_model_files
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest, ModelStepError
 
@@ -55,6 +57,11 @@ _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", 
 # Parameters NVIDIA's own clients send that the tensorrtllm backend ignores too: inflight_batcher_llm_client.py
 # (v0.14) sends {"Streaming": ...} beside the `streaming` input, which is what decides.
 _IGNORED_BY_UPSTREAM = frozenset({"Streaming"})
+
+
+def check_shipped_files(version_dir: Path, model_name: str) -> None:
+    """At load: the model's files are the ones `make repo` wrote (bls.artifact); logs what was checked."""
+    pb_utils.Logger.log_info(f"{model_name}: {verify_model_files(version_dir)}")
 
 
 def check_no_parameters(raw: str | None) -> None:

@@ -13,12 +13,14 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import re
 import sys
 import time
 from pathlib import Path
 
 from engine_build.gpu_plan import PROFILES, Profile, profile_with
-from engine_build.repository import RepositorySettings, assemble_repository
+from engine_build.render import parse_model_config
+from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
 
 ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
 
@@ -129,6 +131,48 @@ def cmd_repo(args) -> None:
     build_trtllm_repository(args, _stage)
 
 
+def cmd_dist(args) -> None:
+    """The repository as one tarball: every file checked against repository.json first, the manifest inside."""
+    import tarfile
+
+    from bls.artifact import verify_model_files
+
+    repo = args.repo.resolve()
+    manifest = read_manifest(repo)
+    for model in manifest["models"]:
+        if (repo / model / "1").is_dir():
+            verify_model_files(repo / model / "1")
+    args.out.mkdir(parents=True, exist_ok=True)
+    tarball = args.out / f"{repo.name}-{manifest['engine']}-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
+    _stage(f"packing {repo} ({len(manifest['files'])} files) into {tarball}")
+    with tarfile.open(tarball, "w:gz") as archive:
+        archive.add(repo, arcname=repo.name, filter=lambda info: None if "__pycache__" in info.name else info)
+    _stage(f"{tarball}: unpack anywhere (or copy to a volume / object store) and serve it with tritonserver "
+           f"--model-repository=<path>/{repo.name}")
+
+
+def cmd_relocate(args) -> None:
+    """Point a TensorRT-LLM repository's gpt_model_path at where it will be served.
+
+    TensorRT-LLM 1.2.1's C++ backend opens gpt_model_path as given (model_instance_state.cc checks
+    std::filesystem::exists on it: an absolute path, or one relative to tritonserver's working directory),
+    so a moved engine needs its configs rewritten; the Python models resolve their paths themselves.
+    """
+    repo = args.repo.resolve()
+    serve_path = Path(args.serve_path)
+    if not serve_path.is_absolute():
+        raise SystemExit(f"--serve-path {serve_path} must be absolute: the C++ backend does not resolve it")
+    for model in ("tensorrt_llm", "tensorrt_llm_draft"):
+        config = repo / model / "config.pbtxt"
+        if not config.is_file() or 'backend: "tensorrtllm"' not in config.read_text():
+            continue
+        text = re.sub(r'(key: "gpt_model_path" value: \{ string_value: ")[^"]*(")',
+                      lambda m: f"{m.group(1)}{serve_path / model / '1'}{m.group(2)}", config.read_text())
+        parse_model_config(text, str(config))
+        config.write_text(text)
+        _stage(f"{model}: gpt_model_path = {serve_path / model / '1'}")
+
+
 def _sizes(parser: argparse.ArgumentParser, max_draft_len: int) -> None:
     """Engine sizes: a profile (engine_build/gpu_plan.py), any value overridable alone."""
     parser.add_argument("--profile", choices=sorted(PROFILES), default="throughput",
@@ -173,6 +217,16 @@ def main(argv: list[str] | None = None) -> int:
     _sizes(p, max_draft_len=0)  # draft-capable only when asked: such an engine needs KV reuse
     p.set_defaults(func=cmd_build)
 
+    p = sub.add_parser("dist", help="pack a built repository into a tarball (checked against its manifest)")
+    p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    p.add_argument("--out", type=Path, default=Path("build/dist"))
+    p.set_defaults(func=cmd_dist)
+
+    p = sub.add_parser("relocate", help="ENGINE=trtllm: set gpt_model_path for where the repository is served")
+    p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    p.add_argument("--serve-path", required=True, help="absolute path of the repository where it is served")
+    p.set_defaults(func=cmd_relocate)
+
     for name, func, help_text in (("assemble", cmd_assemble, "checkpoints/engines + configs -> repository"),
                                   ("repo", cmd_repo, "every stage, as `make repo`")):
         p = sub.add_parser(name, help=help_text)
@@ -205,6 +259,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--batch-scheduler-policy", choices=("guaranteed_no_evict", "max_utilization"))
             p.add_argument("--enable-chunked-context", action=argparse.BooleanOptionalAction, default=None)
             p.add_argument("--gpu-mem-gb", type=float, help="memory of one GPU to plan for (GiB); default: nvidia-smi")
+            p.add_argument("--serve-path", type=Path, help="ENGINE=trtllm: absolute path the repository will be "
+                           "served from (the C++ backend's gpt_model_path); default: where it is built")
             p.add_argument("--dry-run", action="store_true",
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)

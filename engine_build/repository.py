@@ -8,6 +8,7 @@ records what was built; Triton ignores top-level files.
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import shutil
@@ -16,10 +17,20 @@ from pathlib import Path
 from typing import Literal
 
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS
+from bls.artifact import MANIFEST, file_checksums
 from engine_build.render import render_model_config
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "model_repository"
-MANIFEST = "repository.json"
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+TEMPLATES = PROJECT_ROOT / "model_repository"
+# Distributions whose versions the manifest records (what the models and the build depend on).
+BUILT_WITH = ("llama3-triton", "transformers", "tokenizers", "numpy", "torch", "nvidia-modelopt", "tensorrt_llm")
+# Paths in the rendered configs are relative to the model's version folder (`<model>/1/`), where the Python
+# models resolve them: no config holds a path of the build machine.
+TOKENIZER_DIR = "tokenizer"
+CHECKPOINT_DIR = "checkpoint"
+# What a tokenizer directory (an HF checkpoint's, or build/assets/tokenizer) contributes: never the weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
+                   "chat_template.jinja", "tokenizer.model")
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 
@@ -71,6 +82,9 @@ class RepositorySettings:
     target_kv_cache_fraction_with_draft: float = 0.7
     draft_kv_cache_fraction: float = 0.9
     draft_max_kv_tokens: int | None = None  # the draft's cache, capped to the target's token capacity
+    # Where the repository will be served, for the C++ backend's gpt_model_path (it opens the path as given);
+    # None: where it is built. `python -m engine_build relocate` changes it after a move.
+    serve_path: Path | None = None
     engines_built: bool = True  # false: a dry run rendered the configs, the engine folders are empty
     plan: dict | None = None  # the engine plan and capacity check of `make repo ENGINE=trtllm`, for the record
 
@@ -88,30 +102,29 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
         "max_queue_size": settings.max_queue_size,
     }
-    tokenizer_dir = str(settings.tokenizer_dir.resolve())
 
-    _write_model(out, "preprocessing", {
+    _write_model(out, "preprocessing", tokenizer=settings.tokenizer_dir, values={
         **common,
         "preprocessing_instance_count": settings.preprocessing_instance_count,
-        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_dir": TOKENIZER_DIR,
         "add_special_tokens": settings.add_special_tokens,
         "query_special_tokens": settings.query_special_tokens,
         "max_input_len": settings.max_input_len,
     })
-    _write_model(out, "postprocessing", {
+    _write_model(out, "postprocessing", tokenizer=settings.tokenizer_dir, values={
         **common,
         "postprocessing_instance_count": settings.postprocessing_instance_count,
-        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
     })
-    _write_model(out, "ensemble", {
+    _write_model(out, "ensemble", vendored=(), values={
         "triton_max_batch_size": settings.triton_max_batch_size,
         "tensorrt_llm_model_name": TARGET_MODEL,
     })
-    _write_model(out, "tensorrt_llm_bls", {
+    _write_model(out, "tensorrt_llm_bls", tokenizer=settings.tokenizer_dir, values={
         "triton_max_batch_size": settings.triton_max_batch_size,
         "bls_instance_count": settings.bls_instance_count,
-        "tokenizer_dir": tokenizer_dir,
+        "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
         "accumulate_tokens": settings.accumulate_tokens,
         "tensorrt_llm_model_name": TARGET_MODEL,
@@ -123,10 +136,25 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings)
 
+    _write_manifest(out, settings)
+    return out
+
+
+def _write_manifest(out: Path, settings: RepositorySettings) -> None:
+    """repository.json: the build settings (source paths on the build machine, for the record only: no config
+    uses them), the versions it was built with, the models, and a SHA-256 per file the models verify."""
     manifest = {key: (str(v.resolve()) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
     manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
+    manifest["versions"] = {name: _version(name) for name in BUILT_WITH}
+    manifest["files"] = file_checksums(out)
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
-    return out
+
+
+def _version(distribution: str) -> str | None:
+    try:
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _prepare_output_dir(out: Path) -> None:
@@ -138,10 +166,18 @@ def _prepare_output_dir(out: Path) -> None:
 
 
 def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt",
-                 source_name: str | None = None) -> Path:
+                 source_name: str | None = None, vendored: tuple[str, ...] = ("bls",),
+                 tokenizer: Path | None = None) -> Path:
+    """A model folder: its `1/` files, the library packages it imports and its tokenizer files copied in
+    beside them (so the repository serves without this checkout), and its rendered, validated config."""
     source = TEMPLATES / (source_name or name)
     target = out / name
-    shutil.copytree(source / "1", target / "1", ignore=shutil.ignore_patterns("__pycache__", ".gitkeep"))
+    ignore = shutil.ignore_patterns("__pycache__", ".gitkeep")
+    shutil.copytree(source / "1", target / "1", ignore=ignore)
+    for package in vendored:
+        shutil.copytree(PROJECT_ROOT / package, target / "1" / package, ignore=ignore)
+    if tokenizer is not None:
+        _copy_tokenizer(tokenizer, target / "1" / TOKENIZER_DIR)
     config = render_model_config(source / template_name, values, contract_name=source_name or name)
     (target / "config.pbtxt").write_text(config)
     return target
@@ -157,9 +193,9 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         "max_queue_size": settings.max_queue_size,
     }
     if settings.engine == "embedded":
-        target = _write_model(out, name, {
+        target = _write_model(out, name, vendored=("bls", "embedded_engine"), values={
             **common,
-            "checkpoint_dir": str((out / name / "1" / "checkpoint").resolve()),
+            "checkpoint_dir": CHECKPOINT_DIR,
             "max_seq_len": settings.max_seq_len,
             "max_draft_len": 0 if is_draft or not settings.draft else settings.max_draft_len,
             "max_active_requests": settings.max_active_requests,
@@ -169,7 +205,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "step_ms": settings.step_ms,
             "torch_threads": settings.torch_threads,
         }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
-        _link_tree(source, target / "1" / "checkpoint")
+        _link_tree(source, target / "1" / CHECKPOINT_DIR)
         return
 
     if is_draft:
@@ -185,7 +221,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
     version_dir.mkdir(parents=True)
     config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt", {
         **common,
-        "engine_dir": str(version_dir.resolve()),
+        "engine_dir": str(settings.serve_path / name / "1" if settings.serve_path else version_dir.resolve()),
         "batch_scheduler_policy": settings.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": fraction,
         # Draft-target speculative decoding needs KV cache reuse on both models.
@@ -202,6 +238,23 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         copy_engine(source, version_dir)
 
 
+def _copy_tokenizer(source: Path, dest: Path) -> None:
+    files = [source / name for name in TOKENIZER_FILES if (source / name).is_file()]
+    if not any(f.name in ("tokenizer.json", "tokenizer.model") for f in files):
+        raise RepositoryError(f"{source} holds no tokenizer (tokenizer.json or tokenizer.model expected)")
+    dest.mkdir(parents=True)
+    for file in files:
+        _link_or_copy(file, dest / file.name)
+
+
+def _link_or_copy(source: Path, dest: Path) -> None:
+    """Hard links where possible (the same tokenizer in three models costs its size once)."""
+    try:
+        os.link(source, dest)
+    except OSError:
+        shutil.copy2(source, dest)
+
+
 def _link_tree(source: Path, dest: Path) -> None:
     """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
     if not (source / "config.json").is_file():
@@ -209,10 +262,12 @@ def _link_tree(source: Path, dest: Path) -> None:
     dest.mkdir(parents=True)
     for item in source.iterdir():
         if item.is_file():
-            try:
-                os.link(item, dest / item.name)
-            except OSError:
-                shutil.copy2(item, dest / item.name)
+            _link_or_copy(item, dest / item.name)
+
+
+def repository_tokenizer(repo: Path) -> Path:
+    """The tokenizer a built repository ships (the preprocessing model's copy)."""
+    return Path(repo) / "preprocessing" / "1" / TOKENIZER_DIR
 
 
 def read_manifest(repo: Path) -> dict:

@@ -108,7 +108,7 @@ class GpuPlan:
             target_kv_cache_fraction_with_draft=TARGET_KV_FRACTION_WITH_DRAFT,
             draft_kv_cache_fraction=DRAFT_KV_FRACTION,
             draft_max_kv_tokens=self.capacity.kv_cache_tokens if self.draft_hf else None,
-            engines_built=not args.dry_run,
+            engines_built=not args.dry_run, serve_path=args.serve_path,
             plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
                   "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict()},
         )

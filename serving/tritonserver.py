@@ -70,12 +70,14 @@ def install_stub() -> Path | None:
     return target
 
 
-def server_environment() -> dict[str, str]:
+def server_environment(python: Path | None = None) -> dict[str, str]:
+    """The server's environment; the Python backend's stubs run the first python3 on PATH: `python`'s
+    environment (default: this interpreter's)."""
     env = dict(os.environ)
     # Busy-waiting OpenMP threads of one torch process starve every other process on a small CPU box
     # (each op ~250x slower while another model computes); passive waiting costs nothing measurable.
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    venv_bin = str(Path(sys.executable).parent)
+    venv_bin = str(Path(python or sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
     libdir = sysconfig.get_config_var("LIBDIR")
     if libdir:
@@ -178,6 +180,8 @@ class TritonServer:
     address: str = "127.0.0.1"
     startup_timeout_s: float = 300.0
     extra_args: tuple[str, ...] = ()
+    python: Path | None = None  # the Python environment of the model stubs (default: this interpreter's)
+    cwd: Path | None = None
     process: subprocess.Popen | None = None
 
     @property
@@ -193,9 +197,11 @@ class TritonServer:
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
     def start(self) -> "TritonServer":
-        command, env = launch(self.repo, self.ports, address=self.address, extra_args=self.extra_args)
+        command, env = launch(self.repo, self.ports, address=self.address, extra_args=self.extra_args,
+                              python=self.python)
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        cwd=self.cwd)
         self.wait_ready()
         return self
 
@@ -245,7 +251,7 @@ def is_ready(http_url: str) -> bool:
 
 
 def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "0.0.0.0",
-           extra_args: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
+           extra_args: tuple[str, ...] = (), python: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment that serve `repo`: the launch mode follows what its repository.json says."""
     manifest_file = repo / "repository.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
@@ -253,7 +259,7 @@ def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
     command = server_command(repo, ports, address=address, world_size=world_size, engine_model_names=engines,
                              orchestrator=orchestrator, extra_args=extra_args)
-    env = server_environment()
+    env = server_environment(python)
     if orchestrator:
         env.update(ORCHESTRATOR_ENVIRONMENT)
     return command, env

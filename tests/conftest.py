@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -33,9 +32,10 @@ def repo_dir(request) -> Path:
 @pytest.fixture(scope="session")
 def tokenizer_dir(tmp_path_factory, repo_dir) -> Path:
     """The tokenizer the repository serves; without a built repository, Llama 3's converted fresh (~5 s)."""
-    manifest = repo_dir / "repository.json"
-    if manifest.is_file():
-        return Path(json.loads(manifest.read_text())["tokenizer_dir"])
+    from engine_build.repository import repository_tokenizer
+
+    if repository_tokenizer(repo_dir).is_dir():
+        return repository_tokenizer(repo_dir)
     from engine_build.assets.tokenizer import write_llama3_tokenizer
 
     return write_llama3_tokenizer(tmp_path_factory.mktemp("tokenizer"))

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, TypeVar
 
-from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
+from engine_build.repository import RepositorySettings, assemble_repository, read_manifest, repository_tokenizer
 from serving.tritonserver import TritonServer
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
@@ -85,7 +85,7 @@ class BenchContext:
 
     @property
     def tokenizer_dir(self) -> Path:
-        return Path(read_manifest(self.repo)["tokenizer_dir"])
+        return repository_tokenizer(self.repo)
 
     def variant(self, name: str, **overrides) -> Path:
         """A repository like the default one, with RepositorySettings fields overridden, under work_dir."""

@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
+from engine_build.repository import repository_tokenizer
 from serving.tritonserver import TritonServer, is_ready
 
 
@@ -63,11 +63,13 @@ def endpoint(request, repo_dir, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def tokenizer_dir(request, endpoint, repo_dir, tmp_path_factory):
-    """The tokenizer the server under test uses (read from its preprocessing config when given a URL)."""
-    if request.config.getoption("--server-url"):
-        return Path(endpoint.model_parameter("preprocessing", "tokenizer_dir"))
-    return Path(json.loads((repo_dir / "repository.json").read_text())["tokenizer_dir"])
+def tokenizer_dir(endpoint, repo_dir):
+    """The tokenizer the server under test uses: the one its repository ships (--repo: the served repository,
+    also with --server-url)."""
+    tokenizer = repository_tokenizer(repo_dir)
+    if not tokenizer.is_dir():
+        pytest.exit(f"{tokenizer} is missing: give --repo the repository the server serves", returncode=2)
+    return tokenizer
 
 
 def pytest_collection_modifyitems(items):

@@ -35,11 +35,19 @@ def _fake_checkpoint(path: Path) -> Path:
     return path
 
 
+def _fake_tokenizer(path: Path) -> Path:
+    path.mkdir()
+    (path / "tokenizer.json").write_text("{}")
+    (path / "generation_config.json").write_text("{}")
+    (path / "model.safetensors").write_text("weights are not part of a tokenizer")
+    return path
+
+
 def test_embedded_repository_renders_every_model(tmp_path):
     target = _fake_checkpoint(tmp_path / "target")
     draft = _fake_checkpoint(tmp_path / "draft")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=tmp_path, target=target, draft=draft))
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft))
     models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"}
     assert set(read_manifest(repo)["models"]) == models
     for name in models:
@@ -73,7 +81,7 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "repo" / "precious.txt").write_text("keep me")
     with pytest.raises(RuntimeError, match="refusing to overwrite"):
         assemble_repository(tmp_path / "repo", RepositorySettings(
-            engine="embedded", tokenizer_dir=tmp_path, target=_fake_checkpoint(tmp_path / "t")))
+            engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
     assert (tmp_path / "repo" / "precious.txt").read_text() == "keep me"
 
 
@@ -100,3 +108,68 @@ def test_rendering_works_where_tritonclient_cannot_be_imported(monkeypatch, caps
     assert "not parsed" in capsys.readouterr().err
     with pytest.raises(TemplateError, match="unfilled"):  # strictness does not depend on the schema
         render_template("a: ${b}", {}, "t")
+
+
+def test_the_repository_is_self_contained_and_checks_its_files(tmp_path):
+    """Every Python model ships the library it imports and its tokenizer; no config names a path of the build
+    machine; repository.json's checksums catch a file changed after the build."""
+    from bls.artifact import ArtifactError, verify_model_files
+
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
+        version = repo / model / "1"
+        assert (version / "bls" / "contract.py").is_file(), model
+        assert str(tmp_path) not in (repo / model / "config.pbtxt").read_text(), model
+        assert "files match" in verify_model_files(version)
+    assert (repo / "tensorrt_llm" / "1" / "embedded_engine" / "scheduler.py").is_file()
+    assert (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").is_file()
+    assert not (repo / "preprocessing" / "1" / "tokenizer" / "model.safetensors").exists()  # never the weights
+    manifest = read_manifest(repo)
+    assert manifest["versions"]["transformers"] and "preprocessing/1/tokenizer/tokenizer.json" in manifest["files"]
+
+    (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").unlink()  # a hard link: replace, not edit
+    (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").write_text('{"edited": true}')
+    with pytest.raises(ArtifactError, match="preprocessing/1/tokenizer/tokenizer.json differs"):
+        verify_model_files(repo / "preprocessing" / "1")
+    (repo / "postprocessing" / "1" / "bls" / "contract.py").unlink()
+    with pytest.raises(ArtifactError, match="postprocessing/1/bls/contract.py is missing"):
+        verify_model_files(repo / "postprocessing" / "1")
+
+
+def test_dist_packs_the_checked_repository(tmp_path):
+    import tarfile
+
+    from engine_build import cli
+
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
+    cli.main(["dist", "--repo", str(repo), "--out", str(tmp_path / "dist")])
+    (tarball,) = (tmp_path / "dist").glob("repo-embedded-*.tar.gz")
+    with tarfile.open(tarball) as archive:
+        names = set(archive.getnames())
+    assert "repo/repository.json" in names
+    assert {f"repo/{name}" for name in read_manifest(repo)["files"]} <= names
+    (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").unlink()
+    with pytest.raises(RuntimeError, match="checkpoint/config.json is missing"):  # never ship a damaged copy
+        cli.main(["dist", "--repo", str(repo), "--out", str(tmp_path / "dist2")])
+
+
+def test_relocate_points_the_cpp_backend_at_the_served_path(tmp_path):
+    from engine_build import cli
+
+    repo = tmp_path / "repo"
+    (repo / "tensorrt_llm").mkdir(parents=True)
+    text = render_model_config(TEMPLATES / "tensorrt_llm" / "config.pbtxt", {
+        "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
+        "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/build/machine/tensorrt_llm/1",
+        "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.9,
+        "enable_kv_cache_reuse": True, "exclude_input_in_output": False, "extra_parameters": "",
+        "enable_chunked_context": True,
+    }, contract_name="tensorrt_llm")
+    (repo / "tensorrt_llm" / "config.pbtxt").write_text(text)
+    cli.main(["relocate", "--repo", str(repo), "--serve-path", "/models/llama3"])
+    config = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "moved")
+    assert config.parameters["gpt_model_path"].string_value == "/models/llama3/tensorrt_llm/1"
+    with pytest.raises(SystemExit, match="must be absolute"):
+        cli.main(["relocate", "--repo", str(repo), "--serve-path", "models/llama3"])

@@ -1,20 +1,28 @@
 """postprocessing: thin Triton adapter over bls.text.postprocessing.Postprocessor."""
 
 import json
+import sys
+from pathlib import Path
 
-from bls.contract import POSTPROCESSING
-from bls.text.postprocessing import Postprocessor
-from bls.text.tokenizer import TokenizerBundle
-from bls.triton_io import model_parameters, parse_bool, respond_to_each
+# The repository is the artifact: `make repo` copies the library this model imports into this folder, so it
+# serves without this project installed. First on the path: the shipped copy wins over any other.
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bls.contract import POSTPROCESSING  # noqa: E402
+from bls.text.postprocessing import Postprocessor  # noqa: E402
+from bls.text.tokenizer import TokenizerBundle  # noqa: E402
+from bls.triton_io import check_shipped_files, model_parameters, parse_bool, respond_to_each  # noqa: E402
 
 MODEL = "postprocessing"
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        check_shipped_files(HERE, MODEL)
         params = model_parameters(json.loads(args["model_config"]))
         self.postprocess = Postprocessor(
-            TokenizerBundle.from_dir(params["tokenizer_dir"]),
+            TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens"),
         )
 

@@ -1,21 +1,29 @@
 """preprocessing: thin Triton adapter over bls.text.preprocessing.Preprocessor."""
 
 import json
+import sys
+from pathlib import Path
 
-from bls.contract import PREPROCESSING
-from bls.text.preprocessing import Preprocessor
-from bls.text.tokenizer import TokenizerBundle
-from bls.triton_io import model_parameters, parse_bool, respond_to_each
+# The repository is the artifact: `make repo` copies the library this model imports into this folder, so it
+# serves without this project installed. First on the path: the shipped copy wins over any other.
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bls.contract import PREPROCESSING  # noqa: E402
+from bls.text.preprocessing import Preprocessor  # noqa: E402
+from bls.text.tokenizer import TokenizerBundle  # noqa: E402
+from bls.triton_io import check_shipped_files, model_parameters, parse_bool, respond_to_each  # noqa: E402
 
 MODEL = "preprocessing"
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        check_shipped_files(HERE, MODEL)
         params = model_parameters(json.loads(args["model_config"]))
         max_input_len = params.get("max_input_len")
         self.preprocess = Preprocessor(
-            TokenizerBundle.from_dir(params["tokenizer_dir"]),
+            TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]),
             add_special_tokens=parse_bool(params.get("add_special_tokens"), True, "add_special_tokens"),
             max_input_len=int(max_input_len) if max_input_len else None,
             query_special_tokens=params.get("query_special_tokens", "text"),

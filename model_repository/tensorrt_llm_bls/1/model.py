@@ -5,16 +5,25 @@ iterates it, so an asyncio loop would serve one stream at a time. One instance s
 """
 
 import json
+import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
-from concurrent.futures import ThreadPoolExecutor
 
-from bls.contract import TENSORRT_LLM_BLS
-from bls.finish_reason import REPORTED_FINISH_REASONS
-from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest
-from bls.text.tokenizer import TokenizerBundle
-from bls.triton_io import ChildModels, Metrics, SafeSender, model_parameters, parse_bool, read_inputs
+# The repository is the artifact: `make repo` copies the library this model imports into this folder, so it
+# serves without this project installed. First on the path: the shipped copy wins over any other.
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
+from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
+from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest  # noqa: E402
+from bls.text.tokenizer import TokenizerBundle  # noqa: E402
+from bls.triton_io import (  # noqa: E402
+    ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
+)
 
 MODEL = "tensorrt_llm_bls"
 FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
@@ -22,6 +31,7 @@ FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 class TritonPythonModel:
     def initialize(self, args):
+        check_shipped_files(HERE, MODEL)
         model_config = json.loads(args["model_config"])
         params = model_parameters(model_config)
         self.config = BlsConfig(
@@ -37,7 +47,7 @@ class TritonPythonModel:
         )
         self.generator = TextGenerator(
             self.config, ChildModels(decoupled_engines=self.config.decoupled),
-            TokenizerBundle.from_dir(params["tokenizer_dir"]), self._observer(),
+            TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
         )
         self.workers = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
                                           thread_name_prefix="bls")
