@@ -11,7 +11,6 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
