@@ -12,14 +12,20 @@ class InvalidRequest(ValueError):
         self.problem = problem
 
 
+class Unavailable(RuntimeError):
+    """The model cannot take this request now: at capacity, unloading, or its engine failed. Becomes a Triton
+    UNAVAILABLE error (HTTP 503): the client may retry, here or on another replica."""
+
+
 class ModelStepError(RuntimeError):
     """A model this one called (preprocessing, the engine, the draft...) answered with an error.
 
     The message is the inner model's own message, prefixed with its name; it is passed on as is
-    because the inner model already produced a client-facing text.
+    because the inner model already produced a client-facing text. `kind` keeps the inner error's class:
+    "client" (the request must change), "unavailable" (retry later), "internal".
     """
 
-    def __init__(self, model_name: str, message: str, client_error: bool = True):
+    def __init__(self, model_name: str, message: str, kind: str = "client"):
         super().__init__(f"{model_name}: {message}")
         self.model_name = model_name
-        self.client_error = client_error
+        self.kind = kind

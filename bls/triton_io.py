@@ -20,7 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls.artifact import verify_model_files
 from bls.contract import ModelContract
-from bls.errors import InvalidRequest, ModelStepError
+from bls.errors import InvalidRequest, ModelStepError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +126,12 @@ def error_response(error: BaseException, model_name: str) -> Any:
     """A client-facing error: the field and the problem, never a traceback (that goes to the log)."""
     if isinstance(error, InvalidRequest):
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
+    if isinstance(error, Unavailable):
+        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{model_name}: {error}",
+                                                                    pb_utils.TritonError.UNAVAILABLE))
     if isinstance(error, ModelStepError):
-        code = pb_utils.TritonError.INVALID_ARG if error.client_error else pb_utils.TritonError.INTERNAL
+        code = {"client": pb_utils.TritonError.INVALID_ARG, "unavailable": pb_utils.TritonError.UNAVAILABLE}.get(
+            error.kind, pb_utils.TritonError.INTERNAL)
         return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
     # From the exception itself: error_response is also called outside the `except` that caught it.
     details = "".join(traceback.format_exception(error))
@@ -146,8 +150,13 @@ def raise_for_error(response: Any, model_name: str) -> None:
     if response.has_error():
         message = response.error().message()
         code = response.error().code()
-        client_error = code in (pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.UNSUPPORTED)
-        raise ModelStepError(model_name, message, client_error=client_error)
+        if code in (pb_utils.TritonError.INVALID_ARG, pb_utils.TritonError.UNSUPPORTED):
+            kind = "client"
+        elif code == pb_utils.TritonError.UNAVAILABLE:
+            kind = "unavailable"
+        else:
+            kind = "internal"
+        raise ModelStepError(model_name, message, kind=kind)
 
 
 class SafeSender:
@@ -279,8 +288,13 @@ class ChildModels:
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors:
-        with PB_LOCK:  # short: preprocessing / postprocessing answer in milliseconds
-            response = self._request(model_name, inputs, outputs, request_id).exec()
+        """One response. The wait (exec) is outside PB_LOCK: a non-decoupled engine takes as long as a whole
+        generation, and every other stream of this process would wait behind it for its sends."""
+        outputs = list(outputs)
+        with PB_LOCK:
+            child = self._request(model_name, inputs, outputs, request_id)
+        response = child.exec()
+        with PB_LOCK:
             raise_for_error(response, model_name)
             return self._tensors(response, outputs)
 

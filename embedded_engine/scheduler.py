@@ -31,10 +31,11 @@ import torch
 
 from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
 from embedded_engine.request import EngineLimits, GenerationRequest
+from bls.errors import Unavailable
 from bls.finish_reason import FinishReason
 from embedded_engine.draft_verification import accept_tokens
 from embedded_engine.sampling import TokenSampler
-from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, EngineSettings
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings
 from embedded_engine.stopping import StopCriteria
 
 log = logging.getLogger(__name__)
@@ -107,8 +108,16 @@ class EngineEvent:
 EventCallback = Callable[[EngineEvent], None]
 
 
-class EngineShutDown(RuntimeError):
-    pass
+class EngineShutDown(Unavailable):
+    """The engine is unloading or unloaded."""
+
+
+class EngineAtCapacity(Unavailable):
+    """max_active sequences run and max_queued wait: the request is refused at once, never queued unbounded."""
+
+
+class EngineFailed(Unavailable):
+    """The engine thread died; every request fails at once until the model is reloaded."""
 
 
 @dataclass(eq=False)
@@ -133,13 +142,17 @@ class Engine:
         max_active: int = DEFAULT_MAX_ACTIVE_REQUESTS,
         reuse: PrefixCacheLimits | None = PrefixCacheLimits(),  # None: no KV-cache reuse across requests
         step_s: float = 0.0,  # > 0: every iteration lasts at least this long, like a GPU decoding step
+        max_queued: int = DEFAULT_MAX_QUEUED_REQUESTS,  # sequences that may wait for a slot beyond max_active
     ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
         self.limits = limits
         self._runner = runner
         self._max_active = max_active
+        self._max_queued = max_queued
         self._step_s = step_s
+        self._failure: BaseException | None = None  # why the engine thread died, if it did
+        self._draining = False
         self._prefix_cache = PrefixCache(reuse) if reuse else None
         self._cond = threading.Condition()
         self._waiting: deque[_Sequence] = deque()
@@ -151,13 +164,28 @@ class Engine:
     def submit(
         self, request: GenerationRequest, on_event: EventCallback, is_cancelled: Callable[[], bool] | None = None
     ) -> None:
-        sequence = _Sequence(
-            request, on_event, is_cancelled or (lambda: False), list(request.prompt), request.stop_criteria
-        )
+        self.submit_batch([request], on_event, is_cancelled)
+
+    def submit_batch(
+        self, requests: list[GenerationRequest], on_event: EventCallback, is_cancelled: Callable[[], bool] | None = None
+    ) -> None:
+        """Queue the rows of one request together, or none of them (Unavailable: at capacity, unloading, failed)."""
+        sequences = [
+            _Sequence(request, on_event, is_cancelled or (lambda: False), list(request.prompt), request.stop_criteria)
+            for request in requests
+        ]
         with self._cond:
-            if self._stopping:
-                raise EngineShutDown("the engine is shut down")
-            self._waiting.append(sequence)
+            if self._failure is not None:
+                raise EngineFailed(f"the engine failed ({type(self._failure).__name__}: {self._failure}); "
+                                   "reload the model")
+            if self._stopping or self._draining:
+                raise EngineShutDown("the engine is unloading")
+            free_slots = self._max_active - len(self._active)
+            if len(self._waiting) + len(sequences) - max(0, free_slots) > self._max_queued:
+                raise EngineAtCapacity(
+                    f"at capacity: {len(self._active)} sequences running and {len(self._waiting)} waiting "
+                    f"(max_active_requests {self._max_active}, max_queued_requests {self._max_queued}); retry later")
+            self._waiting.extend(sequences)
             self._cond.notify()
 
     def cancel(self, request_id: str) -> int:
@@ -175,6 +203,23 @@ class Engine:
         with self._cond:
             return sum(not s.done for s in self._active), sum(not s.done for s in self._waiting)
 
+    @property
+    def failure(self) -> BaseException | None:
+        """Why the engine thread died (None while it runs)."""
+        return self._failure
+
+    def drain(self, timeout_s: float) -> bool:
+        """Refuse new work and wait up to timeout_s for queued and running sequences to finish; True if they did."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            self._draining = True
+            while (self._active or self._waiting) and self._thread.is_alive():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return False
+                self._cond.wait(min(remaining, 0.1))
+            return True
+
     def shutdown(self, timeout_s: float = 30.0) -> None:
         """Stop the thread; sequences still queued or running end with an EngineShutDown error event."""
         with self._cond:
@@ -185,6 +230,22 @@ class Engine:
     # ---- engine thread -----------------------------------------------------------------------------
 
     def _run(self) -> None:
+        """The engine thread. If it dies, every queued and running sequence ends with an EngineFailed error
+        and later submits are refused at once: no client waits for an engine that is gone."""
+        try:
+            self._loop()
+        except BaseException as error:  # noqa: BLE001 - recorded, reported to every client, then the thread ends
+            log.exception("the engine thread died")
+            with self._cond:
+                self._failure = error
+                remaining = [*self._active, *self._waiting]
+                self._active, self._waiting = [], deque()
+            for sequence in remaining:
+                if not sequence.done:
+                    self._finish(sequence, EngineEvent(sequence.request, finished=True, error=EngineFailed(
+                        f"the engine failed ({type(error).__name__}: {error}); reload the model")))
+
+    def _loop(self) -> None:
         while True:
             with self._cond:
                 while not (self._stopping or self._waiting or self._active):
@@ -209,6 +270,7 @@ class Engine:
             with self._cond:
                 self._active = [s for s in self._active if not s.done]
                 self._waiting = deque(s for s in self._waiting if not s.done)
+                self._cond.notify_all()  # drain() waits for the engine to empty
         with self._cond:
             remaining = [*self._active, *self._waiting]
             self._active, self._waiting = [], deque()
@@ -337,4 +399,5 @@ def build_engine(settings: EngineSettings) -> Engine:
     if max_seq_len > model_max_len:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
-    return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000)
+    return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
+                  max_queued=settings.max_queued_requests)

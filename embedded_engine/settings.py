@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 # Sequences generated together (TensorRT-LLM's max_batch_size); more wait in the engine's queue.
 DEFAULT_MAX_ACTIVE_REQUESTS = 16
+# Sequences that may wait for a slot; one more is refused at once with UNAVAILABLE (HTTP 503), so overload
+# is an answer the client can act on, not a queue that grows until clients time out.
+DEFAULT_MAX_QUEUED_REQUESTS = 64
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,7 @@ class EngineSettings:
     max_seq_len: int | None = None  # default: the checkpoint's max_position_embeddings
     max_draft_len: int = 0  # like an engine built without draft support: draft_input_ids are rejected
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
     # > 0: each engine iteration (one token for every active sequence) lasts at least this long, as a GPU
     # decoding step does; with `synthetic`, a stand-in for a GPU engine's pace at any concurrency.
     step_ms: float = 0.0

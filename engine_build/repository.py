@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Literal
 
-from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
 from engine_build.render import render_model_config
 
@@ -48,10 +48,14 @@ class RepositorySettings:
     max_seq_len: int = 4096
     max_draft_len: int = 8
     max_queue_delay_microseconds: int = 0
-    max_queue_size: int = 0  # 0: unbounded; set it to shed load with 503s instead of queueing forever
+    # Requests waiting in Triton's queue of a model that batches (pre- and postprocessing); one more is refused at
+    # once with UNAVAILABLE (HTTP 503) instead of queueing without bound.
+    max_queue_size: int = 256
     preprocessing_instance_count: int = 1
     postprocessing_instance_count: int = 1
     bls_instance_count: int = 1
+    bls_max_concurrent_requests: int = 256  # per instance
+    bls_max_queued_requests: int = 256  # per instance
     # The engines' default when a request does not say (upstream's: false). Token-level clients such as
     # NVIDIA's e2e_grpc_speculative_decoding_client.py read the prompt back in output_ids. The text API has
     # its own default (no echo), sent with every request by preprocessing and the BLS.
@@ -70,6 +74,7 @@ class RepositorySettings:
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
+    max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
     # KV cache share of free GPU memory (trtllm). Target and draft share the GPU and either may load first,
     # so the two fractions stay well under 1 together.
     # The TensorRT-LLM engine's backend parameters (ENGINE=trtllm); engine_build/gpu_plan.py says where each
@@ -131,6 +136,8 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
         "max_draft_len": settings.max_draft_len if settings.draft else 0,
         "decoupled_mode": settings.decoupled,
+        "max_concurrent_requests": settings.bls_max_concurrent_requests,
+        "max_queued_requests": settings.bls_max_queued_requests,
     })
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
@@ -199,6 +206,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "max_seq_len": settings.max_seq_len,
             "max_draft_len": 0 if is_draft or not settings.draft else settings.max_draft_len,
             "max_active_requests": settings.max_active_requests,
+            "max_queued_requests": settings.max_queued_requests,
             "exclude_input_in_output": settings.exclude_input_in_output,
             "synthetic": settings.synthetic,
             "merge_streamed_tokens": settings.merge_streamed_tokens,

@@ -11,6 +11,7 @@ exactly the non-streamed text.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -215,11 +216,26 @@ class CancellationPoll:
 
 
 class TextGenerator:
-    def __init__(self, config: BlsConfig, models: ModelCaller, tokenizer, observer: GenerationObserver | None = None):
+    """Serves requests on the caller's thread; the rows of a batch run on `row_pool`, one bounded pool for
+    every request (default: one of 64 threads)."""
+
+    def __init__(self, config: BlsConfig, models: ModelCaller, tokenizer, observer: GenerationObserver | None = None,
+                 row_pool: ThreadPoolExecutor | None = None):
         self.config = config
         self.models = models
         self.tokenizer = tokenizer
         self.observer = observer or GenerationObserver()
+        self._row_pool = row_pool or ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls-row")
+        # Engine generations running now (child request ids), so that unloading can stop them.
+        self._running_children: set[str] = set()
+        self._children_lock = threading.Lock()
+
+    def stop_running_engines(self) -> None:
+        """Stop every engine generation still running (unload): nothing keeps generating for nobody."""
+        with self._children_lock:
+            children = list(self._running_children)
+        for child_id in children:
+            self.stop_engine(self.config.engine_model, child_id)
 
     def generate(self, request: TextRequest, sink: ResponseSink, arrived: float | None = None) -> None:
         """Serve one request; every response (including the final one) goes through `sink`. `arrived`
@@ -233,8 +249,7 @@ class TextGenerator:
         if request.batch_size == 1:
             results = [self._generate_row(request, pre, 0, sink, started)]
         else:
-            with ThreadPoolExecutor(max_workers=request.batch_size) as pool:
-                results = list(pool.map(lambda row: self._generate_row(request, pre, row, sink, started), rows))
+            results = list(self._row_pool.map(lambda row: self._generate_row(request, pre, row, sink, started), rows))
         if request.stream:
             outputs = self._summary(request, results)
             # Per-request values, one row per batch row (each row's engine sent the same outputs).
@@ -296,14 +311,23 @@ class TextGenerator:
         inputs["exclude_input_in_output"] = np.array([[True]])
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
-        for response in self.models.stream(self.config.engine_model, inputs, request.engine_outputs, child_id):
-            tokens = response_tokens(response)
-            generated += len(tokens)
-            extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
-            if not on_tokens(tokens, extra):
+        finished = False
+        with self._children_lock:
+            self._running_children.add(child_id)
+        try:
+            for response in self.models.stream(self.config.engine_model, inputs, request.engine_outputs, child_id):
+                tokens = response_tokens(response)
+                generated += len(tokens)
+                extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
+                if not on_tokens(tokens, extra):
+                    return FinishReason.CANCELLED
+            finished = True
+            return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
+        finally:
+            with self._children_lock:
+                self._running_children.discard(child_id)
+            if not finished:  # the client left, or sending/decoding failed: the engine must not go on alone
                 self.stop_engine(self.config.engine_model, child_id)
-                return FinishReason.CANCELLED
-        return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
 
     def stop_engine(self, model_name: str, child_id: str) -> None:
         """Cancel a child generation: Triton 2.51 does not propagate cancellation to BLS children."""

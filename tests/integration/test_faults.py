@@ -205,3 +205,53 @@ def test_small_dev_shm(synthetic_repo, tmp_path):
         assert server.is_alive() and still_serves(server)
     finally:
         server.stop()
+
+
+# ---- overload and unload ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def small_engine_repo(tmp_path_factory) -> Path:
+    """One sequence at a time and one waiting, at a GPU-like 50 ms a step: capacity is easy to exceed."""
+    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    return assemble_repository(tmp_path_factory.mktemp("small") / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
+        max_active_requests=1, max_queued_requests=1, step_ms=50))
+
+
+def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):
+    """Beyond the engine's capacity the client gets HTTP 503 naming the limits, while the admitted requests
+    are served: never an unbounded wait, never a lost request."""
+    body = {"text_input": "tell me", "max_tokens": 40, "end_id": -1}
+    with TritonServer(small_engine_repo, log_path=tmp_path / "tritonserver.log") as server:
+        streams = [BackgroundStream(lambda: generate(server.http_url, BLS, body, timeout=60)) for _ in range(2)]
+        wait_engine_sequences(server, 2)  # one generating, one waiting: full
+        for model in (BLS, "ensemble"):
+            with pytest.raises(HttpError) as refused:
+                generate(server.http_url, model, body, timeout=60)
+            assert refused.value.status == 503 and "at capacity" in refused.value.message, model
+        assert not any(stream.join(0) for stream in streams)  # refused while the admitted ones still run
+        for stream in streams:
+            assert stream.join(60) and stream.result["num_output_tokens"] == 40
+
+
+def test_unloading_answers_every_client_and_leaves_no_engine_work(small_engine_repo, tmp_path):
+    """Unload the BLS with a stream running and another queued: both clients get a final response (the
+    queued one at once, the running one after the unload's wait), and the engine ends up idle."""
+    explicit = ("--model-control-mode=explicit", "--load-model=*")
+    body = {"text_input": "tell me", "max_tokens": 1000, "end_id": -1, "stream": True}  # 50 s at 50 ms a token
+    with TritonServer(small_engine_repo, log_path=tmp_path / "tritonserver.log", extra_args=explicit) as server:
+        streams = [BackgroundStream(lambda: generate_stream(server.http_url, BLS, body, timeout=60)) for _ in range(2)]
+        wait_engine_sequences(server, 2)
+        unload = urllib.request.Request(f"http://{server.http_url}/v2/repository/models/{BLS}/unload",
+                                        data=b"{}", method="POST")
+        with urllib.request.urlopen(unload, timeout=60) as response:
+            assert response.status == 200
+        for stream in streams:
+            assert stream.join(30), "a client was left waiting by the unload"
+            assert isinstance(stream.result, HttpError) and "unload" in stream.result.message
+        deadline = time.monotonic() + 10
+        while engine_sequences(server) > 0:
+            assert time.monotonic() < deadline, "the unloaded BLS left the engine generating"
+            time.sleep(0.1)
+        assert server.is_alive()

@@ -572,3 +572,58 @@ def test_a_step_time_paces_every_active_sequence_like_a_gpu_step():
     assert elapsed >= 5 * 0.05  # the 6th token ends the 6th step: no step was shorter than step_s
     # One response per step: each sequence's events carry one token each.
     assert all(len(event.token_ids) <= 1 for c in collectors for event in c.events)
+
+
+def test_beyond_max_queued_a_request_is_refused_at_once():
+    from embedded_engine.scheduler import EngineAtCapacity
+
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=1, max_queued=1, step_s=0.05)
+    try:
+        running, waiting = Collector(), Collector()
+        engine.submit(make_request([128000, 9906], 50, "a", limits=engine.limits), running)
+        engine.submit(make_request([128000, 9906], 50, "b", limits=engine.limits), waiting)
+        with pytest.raises(EngineAtCapacity, match="at capacity"):
+            engine.submit(make_request([128000, 9906], 50, "c", limits=engine.limits), Collector())
+        engine.cancel("a")
+        engine.cancel("b")
+        running.wait(), waiting.wait()
+    finally:
+        engine.shutdown()
+
+
+def test_a_dead_engine_thread_ends_every_sequence_and_refuses_new_ones(monkeypatch):
+    """If the loop itself dies, nobody waits for it: queued and running sequences end with an error, and
+    later requests fail at once (UNAVAILABLE), naming the cause."""
+    from embedded_engine.scheduler import EngineFailed
+
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=1, step_s=0.02)
+    try:
+        first, second = Collector(), Collector()
+        engine.submit(make_request([128000, 9906], 500, "a", limits=engine.limits), first)
+        engine.submit(make_request([128000, 9906], 500, "b", limits=engine.limits), second)
+
+        def broken(sequence):
+            raise RuntimeError("scheduler bug")
+
+        monkeypatch.setattr(engine, "_cancelled", broken)
+        for collector in (first, second):
+            final = collector.wait().events[-1]
+            assert isinstance(final.error, EngineFailed) and "scheduler bug" in str(final.error)
+        assert isinstance(engine.failure, RuntimeError)
+        with pytest.raises(EngineFailed, match="reload the model"):
+            engine.submit(make_request([128000, 9906], 5, "c", limits=engine.limits), Collector())
+    finally:
+        engine.shutdown()
+
+
+def test_drain_waits_for_running_sequences_and_refuses_new_ones():
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=2, step_s=0.01)
+    try:
+        collector = Collector()
+        engine.submit(make_request([128000, 9906], 5, "a", limits=engine.limits), collector)
+        assert engine.drain(10)
+        assert collector.done.is_set() and len(collector.tokens) == 5
+        with pytest.raises(EngineShutDown, match="unloading"):
+            engine.submit(make_request([128000, 9906], 5, "b", limits=engine.limits), Collector())
+    finally:
+        engine.shutdown()

@@ -7,6 +7,8 @@ by the integration tests.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -161,3 +163,42 @@ def test_cancellation_is_asked_of_triton_at_most_once_per_period():
     poll = CancellationPoll(sink, period_s=60.0)
     assert not any(poll() for _ in range(1000))
     assert sink.calls == 1
+
+
+def test_an_error_while_streaming_stops_the_engine_child(bundle, models):
+    """A send that fails between tokens (the client's connection broke, a bug) must not leave the engine
+    generating until max_tokens for nobody."""
+
+    class BrokenSink(Sink):
+        def send(self, outputs, final=False):
+            if len(self.responses) == 2:
+                raise RuntimeError("send failed")
+            super().send(outputs, final)
+
+    with pytest.raises(RuntimeError, match="send failed"):
+        TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]]), BrokenSink())
+    assert len(models.stops) == 1, "the engine child must be stopped"
+
+
+def test_unloading_stops_every_running_engine_child(bundle):
+    """stop_running_engines: what the BLS calls when it unloads with generations still running."""
+    started, release = threading.Event(), threading.Event()
+
+    class SlowModels(ScriptedModels):
+        def stream(self, model_name, inputs, outputs, request_id=""):
+            if "stop" in inputs:
+                self.stops.append(request_id)
+                release.set()
+                return
+            started.set()
+            release.wait(5)
+            yield from super().stream(model_name, inputs, outputs, request_id)
+
+    models = SlowModels(bundle, bundle.tokenizer.encode(SCRIPT_TEXT, add_special_tokens=False))
+    generator = TextGenerator(CONFIG, models, bundle)
+    worker = threading.Thread(target=generator.generate, args=(request(stream=[[True]]), Sink()))
+    worker.start()
+    assert started.wait(5)
+    generator.stop_running_engines()
+    worker.join(5)
+    assert models.stops and models.stops[0].endswith("-0")

@@ -22,7 +22,7 @@ class _Tensor:
 
 
 class _TritonError(Exception):
-    INVALID_ARG, INTERNAL, UNSUPPORTED = "INVALID_ARG", "INTERNAL", "UNSUPPORTED"
+    INVALID_ARG, INTERNAL, UNSUPPORTED, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNSUPPORTED", "UNAVAILABLE"
 
     def __init__(self, message, code="INTERNAL"):
         super().__init__(message)

@@ -44,8 +44,12 @@ from embedded_engine.responses import (  # noqa: E402
     TritonRequestStream,
 )
 from embedded_engine.scheduler import EngineEvent, build_engine  # noqa: E402
-from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, EngineSettings  # noqa: E402
+from embedded_engine.settings import (  # noqa: E402
+    DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings,
+)
 
+# How long unloading waits for running generations before ending them with an error.
+UNLOAD_WAIT_S = 10.0
 # Read on its own first: a stop request need not carry the generation inputs.
 _STOP_INPUT = ModelContract(inputs=(TENSORRT_LLM.input("stop"),), outputs=())
 
@@ -68,6 +72,7 @@ class TritonPythonModel:
             max_seq_len=int(params["max_seq_len"]) if "max_seq_len" in params else None,
             max_draft_len=int(params.get("max_draft_len", 0)),
             max_active_requests=int(params.get("max_active_requests", DEFAULT_MAX_ACTIVE_REQUESTS)),
+            max_queued_requests=int(params.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS)),
             step_ms=float(params.get("step_ms", 0)),
         )
         self._engine = build_engine(settings)
@@ -108,6 +113,11 @@ class TritonPythonModel:
         return responses
 
     def finalize(self) -> None:
+        """Unload: refuse new work, let running sequences finish for up to UNLOAD_WAIT_S, then end the rest
+        with an error; every stream gets its final response before the dispatcher stops."""
+        if not self._engine.drain(UNLOAD_WAIT_S):
+            pb_utils.Logger.log_warn(f"{self._name}: unloading with requests still running after {UNLOAD_WAIT_S} s; "
+                                     "they end with an error")
         self._engine.shutdown()
         self._dispatcher.shutdown()
 
@@ -129,8 +139,7 @@ class TritonPythonModel:
                     raise InvalidRequest("input_ids", "batch size > 1 needs a decoupled transaction policy")
             stream = TritonRequestStream(generation, sender, self._engine.limits.vocab_size)
             on_event = self._observed(lambda event: self._dispatcher.submit(stream, event))
-            for row in generation:
-                self._engine.submit(row, on_event, is_cancelled)
+            self._engine.submit_batch(generation, on_event, is_cancelled)
             self._update_load()
         except Exception as error:
             sender.send_error(error)

@@ -1,7 +1,7 @@
 """tensorrt_llm_bls: thin Triton adapter over bls.generation.generator.
 
-Each request is served on a worker thread: Triton 2.51's child-stream iterator blocks the thread that
-iterates it, so an asyncio loop would serve one stream at a time. One instance serves many requests.
+Each request is served on a worker thread of a bounded pool (bls.request_pool): one instance serves many
+requests, refuses what is beyond its capacity with UNAVAILABLE, and answers everyone when it unloads.
 """
 
 import json
@@ -20,12 +20,15 @@ sys.path.insert(0, str(HERE))
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest  # noqa: E402
+from bls.request_pool import RequestPool  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.triton_io import (  # noqa: E402
     ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
 )
 
 MODEL = "tensorrt_llm_bls"
+# How long unloading waits for running requests before ending them with an error.
+UNLOAD_WAIT_S = 10.0
 FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
@@ -45,12 +48,13 @@ class TritonPythonModel:
             # One setting for the repository (upstream's decoupled_mode): the engines are decoupled when we are.
             decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
         )
+        workers = int(params.get("max_concurrent_requests", "256"))
+        self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
         self.generator = TextGenerator(
             self.config, ChildModels(decoupled_engines=self.config.decoupled),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
+            row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )
-        self.workers = ThreadPoolExecutor(max_workers=int(params.get("max_concurrent_requests", "256")),
-                                          thread_name_prefix="bls")
 
     def _observer(self) -> GenerationObserver:
         self.metrics = Metrics()
@@ -79,7 +83,8 @@ class TritonPythonModel:
     def execute(self, requests):
         arrived = time.monotonic()
         for request in requests:
-            self.workers.submit(self._serve, request, SafeSender(request, MODEL, self.config.decoupled), arrived)
+            sender = SafeSender(request, MODEL, self.config.decoupled)
+            self.requests.submit(lambda r=request, s=sender: self._serve(r, s, arrived), sender.send_error)
         return None
 
     def _serve(self, request, sender, arrived):
@@ -91,4 +96,8 @@ class TritonPythonModel:
             sender.send_error(error)
 
     def finalize(self):
-        self.workers.shutdown(wait=False, cancel_futures=True)
+        """Unload: every queued and running request gets a final response (running ones up to UNLOAD_WAIT_S
+        to finish), and no engine generation is left running."""
+        cut_short = self.requests.shutdown(UNLOAD_WAIT_S, self.generator.stop_running_engines)
+        if cut_short:
+            pb_utils.Logger.log_warn(f"{MODEL}: unloading ended {cut_short} requests with an error")
