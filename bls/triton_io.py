@@ -26,10 +26,11 @@ log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 
-# Quick pb_utils calls of a process (requests, responses, sends) go through this one lock: the Triton 2.51
-# stub is not safe against such calls from several threads at once (a BLS serving many streams on threads
-# died with "double free or corruption" under the soak). Blocking waits (a child stream's next response)
-# stay outside the lock, so streams still progress in parallel. Metrics have their own lock (Metrics).
+# Quick pb_utils calls of a process (building requests and responses, sends) go through this one lock: the
+# Triton 2.51 stub is not safe against such calls from several threads at once (a BLS serving many streams
+# on threads died with "double free or corruption" under the soak). Every wait on another model (exec, a
+# child stream's next response) stays outside it: one stream waiting for its engine must not stop the
+# others. Metrics have their own lock (Metrics).
 PB_LOCK = threading.RLock()
 
 
@@ -309,7 +310,10 @@ class ChildModels:
             yield self.infer(model_name, inputs, outputs, request_id)
             return
         with PB_LOCK:
-            responses = iter(self._request(model_name, inputs, outputs, request_id).exec(decoupled=True))
+            child = self._request(model_name, inputs, outputs, request_id)
+        # exec(decoupled=True) waits for the child's first response (Triton 2.51): the queue wait and the
+        # prefill. Under PB_LOCK it froze every other stream of this process for that long.
+        responses = iter(child.exec(decoupled=True))
         while True:
             response = next(responses, None)  # waits for the engine: outside the lock
             if response is None:

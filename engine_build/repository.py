@@ -8,6 +8,7 @@ records what was built; Triton ignores top-level files.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 import json
 import os
@@ -72,6 +73,7 @@ class RepositorySettings:
     # Embedded engine: merge streamed tokens that wait for sending into one response (never on a GPU).
     merge_streamed_tokens: bool = False
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
+    engine_instance_count: int = 1  # > 1 only with synthetic (benchmark stand-ins): see embedded.config.pbtxt
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
@@ -200,6 +202,9 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         "max_queue_size": settings.max_queue_size,
     }
     if settings.engine == "embedded":
+        if settings.engine_instance_count > 1 and not settings.synthetic:
+            raise RepositoryError("engine_instance_count > 1 is for the synthetic benchmark engine only: a `stop` "
+                                  "(cancellation) must reach the instance that holds the sequence")
         target = _write_model(out, name, vendored=("bls", "embedded_engine"), values={
             **common,
             "checkpoint_dir": CHECKPOINT_DIR,
@@ -211,6 +216,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "synthetic": settings.synthetic,
             "merge_streamed_tokens": settings.merge_streamed_tokens,
             "step_ms": settings.step_ms,
+            "engine_instance_count": settings.engine_instance_count,
             "torch_threads": settings.torch_threads,
         }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / CHECKPOINT_DIR)
@@ -271,6 +277,17 @@ def _link_tree(source: Path, dest: Path) -> None:
     for item in source.iterdir():
         if item.is_file():
             _link_or_copy(item, dest / item.name)
+
+
+def variant_repository(base: Path, out: Path, **overrides) -> Path:
+    """A repository built like `base` (its manifest's settings), with RepositorySettings fields overridden."""
+    manifest = read_manifest(base)
+    settings = {f.name: manifest[f.name] for f in dataclasses.fields(RepositorySettings) if f.name in manifest}
+    for key in ("tokenizer_dir", "target", "draft", "serve_path"):
+        if settings.get(key) is not None:
+            settings[key] = Path(settings[key])
+    settings.update(overrides)
+    return assemble_repository(out, RepositorySettings(**settings))
 
 
 def repository_tokenizer(repo: Path) -> Path:

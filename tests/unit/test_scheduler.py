@@ -138,9 +138,12 @@ def test_requests_beyond_max_active_wait_in_the_queue(model):
 
 def test_cancel_by_request_id_ends_running_and_queued_sequences():
     engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=1)
+    all_submitted = threading.Event()
     try:
         def cancel_after_three(collector, event):
             if len(collector.events) == 3:
+                # On the engine thread: the cancel must not race ahead of the other submits.
+                assert all_submitted.wait(5)
                 engine.cancel("victim")
 
         running = Collector(on_each=cancel_after_three)
@@ -149,6 +152,7 @@ def test_cancel_by_request_id_ends_running_and_queued_sequences():
         engine.submit(make_request([1, 2], 1000, "victim", limits=engine.limits), running)
         engine.submit(make_request([1, 2], 1000, "victim", limits=engine.limits), queued)
         engine.submit(make_request([1, 2], 5, "other", limits=engine.limits), other)
+        all_submitted.set()
         running.wait(), queued.wait(), other.wait()
         assert len(running.tokens) == 3 and running.final.finish_reason == FinishReason.CANCELLED
         assert queued.tokens == [] and queued.final.finish_reason == FinishReason.CANCELLED
