@@ -10,6 +10,7 @@ LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's st
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import shutil
@@ -39,9 +40,12 @@ CONTAINER_TRITONSERVER = TritonInstall(Path("/opt/tritonserver/bin/tritonserver"
 
 
 def _wheel_root() -> Path:
-    import pytriton  # the nvidia-pytriton wheel
-
-    return Path(pytriton.__file__).parent / "tritonserver"
+    # Located, not imported: importing pytriton pulls in its client stack (gevent, ...), which a host that
+    # only serves does not need.
+    spec = importlib.util.find_spec("pytriton")  # the nvidia-pytriton wheel
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("pytriton")
+    return Path(list(spec.submodule_search_locations)[0]) / "tritonserver"
 
 
 def find_tritonserver() -> TritonInstall:

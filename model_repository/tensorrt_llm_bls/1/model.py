@@ -27,7 +27,9 @@ from bls.triton_io import (  # noqa: E402
 )
 
 MODEL = "tensorrt_llm_bls"
-# How long unloading waits for running requests before ending them with an error.
+# How long finalize waits for running requests before ending them with an error. Triton calls finalize with
+# requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
+# unload through the repository API waits until every response sender is released.
 UNLOAD_WAIT_S = 10.0
 FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
@@ -96,8 +98,8 @@ class TritonPythonModel:
             sender.send_error(error)
 
     def finalize(self):
-        """Unload: every queued and running request gets a final response (running ones up to UNLOAD_WAIT_S
-        to finish), and no engine generation is left running."""
+        """Every queued and running request gets a final response (running ones up to UNLOAD_WAIT_S to
+        finish), and no engine generation is left running."""
         cut_short = self.requests.shutdown(UNLOAD_WAIT_S, self.generator.stop_running_engines)
         if cut_short:
             pb_utils.Logger.log_warn(f"{MODEL}: unloading ended {cut_short} requests with an error")
