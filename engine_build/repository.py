@@ -49,7 +49,7 @@ class RepositorySettings:
     max_seq_len: int = 4096
     max_draft_len: int = 8
     max_queue_delay_microseconds: int = 0
-    # Requests waiting in Triton's queue of a model that batches (pre- and postprocessing); one more is refused at
+    # Requests waiting in Triton's queue of preprocessing and the engine; one more is refused at
     # once with UNAVAILABLE (HTTP 503) instead of queueing without bound.
     max_queue_size: int = 256
     preprocessing_instance_count: int = 1
