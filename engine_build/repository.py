@@ -107,11 +107,11 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     common = {
         "triton_max_batch_size": settings.triton_max_batch_size,
         "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
-        "max_queue_size": settings.max_queue_size,
     }
 
     _write_model(out, "preprocessing", tokenizer=settings.tokenizer_dir, values={
         **common,
+        "max_queue_size": settings.max_queue_size,
         "preprocessing_instance_count": settings.preprocessing_instance_count,
         "tokenizer_dir": TOKENIZER_DIR,
         "add_special_tokens": settings.add_special_tokens,
