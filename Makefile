@@ -46,8 +46,10 @@ MAX_SEQ_LEN ?=
 KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
+# tensorrt_llm_bls instances; default: one per 4 cores of the host that runs `make repo`, 1 to 4.
+BLS_INSTANCES ?=
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
-    $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) \
+    $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \
     $(if $(MAX_SEQ_LEN),--max-seq-len $(MAX_SEQ_LEN)) $(if $(KV_CACHE_FRACTION),--kv-cache-fraction $(KV_CACHE_FRACTION)) \

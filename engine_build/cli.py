@@ -92,6 +92,15 @@ def cmd_build(args) -> None:
     )
 
 
+def bls_instances(args) -> dict:
+    """The --bls-instances override, if given (else RepositorySettings' host-sized default)."""
+    if args.bls_instances is None:
+        return {}
+    if args.bls_instances < 1:
+        raise SystemExit(f"--bls-instances must be at least 1 (got {args.bls_instances})")
+    return {"bls_instance_count": args.bls_instances}
+
+
 def cmd_assemble(args) -> None:
     profile = _profile(args)
     settings = RepositorySettings(
@@ -100,6 +109,7 @@ def cmd_assemble(args) -> None:
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len,
+        **bls_instances(args),
     )
     out = assemble_repository(args.repo, settings)
     _stage(f"model repository ready: {out}")
@@ -264,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--dry-run", action="store_true",
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--bls-instances", type=int,
+                       help="tensorrt_llm_bls instances (default: one per 4 cores of this host, 1 to 4)")
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
-from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
+from engine_build.repository import RepositorySettings, assemble_repository, default_bls_instance_count, read_manifest
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -58,6 +58,12 @@ def test_embedded_repository_renders_every_model(tmp_path):
     assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
     bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
     assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
+    assert bls.instance_group[0].count == default_bls_instance_count() == read_manifest(repo)["bls_instance_count"]
+
+
+def test_bls_instances_follow_the_host_cores():
+    """One BLS process streams ~2.5k tok/s: a 16-core GPU host gets 4 (measured: README, Benchmarks)."""
+    assert [default_bls_instance_count(cpus) for cpus in (1, 2, 4, 8, 16, 128)] == [1, 1, 1, 2, 4, 4]
 
 
 def test_trtllm_config_targets_the_cpp_backend():
