@@ -314,15 +314,23 @@ class ChildModels:
         # exec(decoupled=True) waits for the child's first response (Triton 2.51): the queue wait and the
         # prefill. Under PB_LOCK it froze every other stream of this process for that long.
         responses = iter(child.exec(decoupled=True))
-        while True:
-            response = next(responses, None)  # waits for the engine: outside the lock
-            if response is None:
-                return
+        try:
+            while True:
+                response = next(responses, None)  # waits for the engine: outside the lock
+                if response is None:
+                    return
+                with PB_LOCK:
+                    raise_for_error(response, model_name)
+                    tensors = self._tensors(response, outputs)
+                    # Freed here, under the lock: a response's tensors live in the stub's shared memory, and
+                    # a destructor running beside another thread's pb_utils call is the race suspected in
+                    # the 256-client soak crash.
+                    del response
+                if tensors:  # a decoupled model may end with an empty final response
+                    yield tensors
+        finally:
             with PB_LOCK:
-                raise_for_error(response, model_name)
-                tensors = self._tensors(response, outputs)
-            if tensors:  # a decoupled model may end with an empty final response
-                yield tensors
+                del responses, child
 
     @staticmethod
     def _request(model_name, inputs, outputs, request_id):
@@ -335,9 +343,10 @@ class ChildModels:
 
     @staticmethod
     def _tensors(response, outputs) -> Tensors:
+        """Copies, so that no array keeps the response's shared-memory tensor alive outside PB_LOCK."""
         tensors = {}
         for name in outputs:
             value = output_tensor(response, name)
             if value is not None:
-                tensors[name] = value
+                tensors[name] = value.copy()
         return tensors
