@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls.artifact import verify_model_files
 from bls.contract import ModelContract
+from bls.engine_streams import EngineStreams
 from bls.errors import InvalidRequest, ModelStepError, Unavailable
 
 log = logging.getLogger(__name__)
@@ -282,10 +283,15 @@ class _Metric:
 class ChildModels:
     """Calls other models of the repository from a BLS model (blocking; run it on a worker thread).
 
-    In Triton 2.51 a streaming child response iterator blocks whatever thread iterates it, and it cannot
-    be cancelled; stopping a child generation is done by sending the engine a `stop` request with the
-    child's request id, which both the tensorrtllm backend and the embedded engine honour.
+    One-response calls go through the Python backend (exec); streams of a decoupled engine go through this
+    server's gRPC endpoint (bls.engine_streams says why). Stopping a child generation is done by sending the
+    engine a `stop` request with the child's request id, which both the tensorrtllm backend and the
+    embedded engine honour; a stream closed early is also cancelled.
     """
+
+    def __init__(self, engine_streams: EngineStreams | None = None):
+        """engine_streams: None when the engines are not decoupled (each answers with exactly one response)."""
+        self._engine_streams = engine_streams
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors:
@@ -293,60 +299,34 @@ class ChildModels:
         generation, and every other stream of this process would wait behind it for its sends."""
         outputs = list(outputs)
         with PB_LOCK:
-            child = self._request(model_name, inputs, outputs, request_id)
+            child = pb_utils.InferenceRequest(
+                model_name=model_name,
+                inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()],
+                requested_output_names=outputs,
+                request_id=request_id,
+            )
         response = child.exec()
         with PB_LOCK:
             raise_for_error(response, model_name)
-            return self._tensors(response, outputs)
-
-    def __init__(self, decoupled_engines: bool = True):
-        self._decoupled_engines = decoupled_engines
+            # Copies: no array outlives the response's shared memory outside PB_LOCK.
+            tensors = {}
+            for name in outputs:
+                value = output_tensor(response, name)
+                if value is not None:
+                    tensors[name] = value.copy()
+            del response, child
+            return tensors
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]:
         """The responses of an engine request; a non-decoupled engine answers with exactly one."""
-        outputs = list(outputs)
-        if not self._decoupled_engines:
+        if self._engine_streams is None:
             yield self.infer(model_name, inputs, outputs, request_id)
             return
-        with PB_LOCK:
-            child = self._request(model_name, inputs, outputs, request_id)
-        # exec(decoupled=True) waits for the child's first response (Triton 2.51): the queue wait and the
-        # prefill. Under PB_LOCK it froze every other stream of this process for that long.
-        responses = iter(child.exec(decoupled=True))
+        responses = self._engine_streams.stream(model_name, inputs, outputs, request_id)
         try:
-            while True:
-                response = next(responses, None)  # waits for the engine: outside the lock
-                if response is None:
-                    return
-                with PB_LOCK:
-                    raise_for_error(response, model_name)
-                    tensors = self._tensors(response, outputs)
-                    # Freed here, under the lock: a response's tensors live in the stub's shared memory, and
-                    # a destructor running beside another thread's pb_utils call is the race suspected in
-                    # the 256-client soak crash.
-                    del response
+            for tensors in responses:
                 if tensors:  # a decoupled model may end with an empty final response
                     yield tensors
         finally:
-            with PB_LOCK:
-                del responses, child
-
-    @staticmethod
-    def _request(model_name, inputs, outputs, request_id):
-        return pb_utils.InferenceRequest(
-            model_name=model_name,
-            inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()],
-            requested_output_names=list(outputs),
-            request_id=request_id,
-        )
-
-    @staticmethod
-    def _tensors(response, outputs) -> Tensors:
-        """Copies, so that no array keeps the response's shared-memory tensor alive outside PB_LOCK."""
-        tensors = {}
-        for name in outputs:
-            value = output_tensor(response, name)
-            if value is not None:
-                tensors[name] = value.copy()
-        return tensors
+            responses.close()  # a caller that stops early cancels the engine request

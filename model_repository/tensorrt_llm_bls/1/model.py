@@ -18,6 +18,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
+from bls.engine_streams import EngineStreams, grpc_url  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest  # noqa: E402
 from bls.request_pool import RequestPool  # noqa: E402
@@ -53,7 +54,7 @@ class TritonPythonModel:
         workers = int(params.get("max_concurrent_requests", "256"))
         self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
         self.generator = TextGenerator(
-            self.config, ChildModels(decoupled_engines=self.config.decoupled),
+            self.config, ChildModels(EngineStreams(grpc_url(params.get("engine_grpc_url"))) if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )

@@ -1,0 +1,116 @@
+"""Streaming engine requests of the BLS, sent over this server's own gRPC endpoint.
+
+Why not `pb_utils.InferenceRequest.exec(decoupled=True)`: Triton's Python backend stub (2.51, and unchanged
+in python_backend's main branch up to 2026-07) deadlocks when several threads of one stub use decoupled BLS
+at once. Three locks form a cycle: a thread returning from exec(decoupled=True) holds the GIL and waits for
+the stub's response-iterator map mutex (Stub::GetResponseIterator); the stub's ParentToStubMQMonitor
+thread holds that mutex and waits for one iterator's mutex (ProcessBLSResponseDecoupled ->
+ResponseIterator::EnqueueResponse); a thread woken in ResponseIterator::Next holds that iterator's mutex and
+waits for the GIL. The 256-client soak hit it within 15 s, and every stream of the process stopped, the
+engine's with them (its sends wait for the stuck stub). NVIDIA's BLS serves one request per instance at a
+time, which never has two such threads; ours serves hundreds per instance, so its streams go through gRPC,
+whose client never holds the GIL while it waits. Non-streamed child calls (preprocessing, postprocessing)
+stay in-process: exec(decoupled=False) does not touch the iterator map.
+
+The gRPC address is the model parameter `engine_grpc_url` (default localhost:8001, tritonserver's default
+port), or LLM_BLS_GRPC_URL in the server's environment, which wins (our launchers set it to the port they
+give tritonserver).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Iterable, Iterator, Mapping
+
+import grpc
+import numpy as np
+from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
+from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+
+from bls.contract import TENSORRT_LLM
+from bls.errors import ModelStepError
+
+Tensors = dict[str, np.ndarray]
+
+GRPC_URL_ENV = "LLM_BLS_GRPC_URL"
+DEFAULT_GRPC_URL = "localhost:8001"
+# Engine outputs can be large (generation logits): no message size limit on this loopback channel.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+_ENGINE_INPUTS = frozenset(spec.name for spec in TENSORRT_LLM.inputs)
+# What an engine's refusal for capacity or unloading says (embedded engine, BLS pool, Triton's own queue).
+_UNAVAILABLE_MARKS = ("at capacity", "unloading", "unloaded", "Exceeds maximum queue size", "is not ready",
+                      "is not healthy")
+
+
+def grpc_url(configured: str | None) -> str:
+    return os.environ.get(GRPC_URL_ENV) or configured or DEFAULT_GRPC_URL
+
+
+def error_kind(message: str) -> str:
+    """The class of an engine error received in a gRPC stream, which carries the message only (Triton's
+    stream responses drop the error code): "unavailable" for capacity and unloading refusals, "client"
+    when the message names an engine input (how the engines report a bad request), else "internal"."""
+    if any(mark in message for mark in _UNAVAILABLE_MARKS):
+        return "unavailable"
+    if message.split(":", 1)[0].strip() in _ENGINE_INPUTS:
+        return "client"
+    return "internal"
+
+
+class EngineStreams:
+    """Decoupled requests to the engines over one gRPC channel, shared by every thread of the process."""
+
+    def __init__(self, url: str):
+        self.url = url
+        self._lock = threading.Lock()
+        self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterator[Tensors]:
+        """The responses of one request (its last one may be empty). Closing the iterator early cancels the
+        request: Triton cancels it in the engine, as it does for any gRPC client that goes away."""
+        outputs = list(outputs)
+        request = _infer_request(model_name, inputs, outputs, request_id)
+        # One request, then the client half-closes: the call ends after the request's final response.
+        call = self._service().ModelStreamInfer(iter([request]))
+        try:
+            for response in call:
+                if response.error_message:
+                    raise ModelStepError(model_name, response.error_message, kind=error_kind(response.error_message))
+                result = InferResult(response.infer_response)
+                yield {name: value for name in outputs if (value := result.as_numpy(name)) is not None}
+        except grpc.RpcError as error:
+            code = error.code()
+            if code == grpc.StatusCode.CANCELLED:
+                return
+            detail = error.details() or str(code)
+            if code == grpc.StatusCode.UNAVAILABLE:
+                raise ModelStepError(model_name, f"cannot reach this server's gRPC endpoint at {self.url} ({detail}); "
+                                                 f"set the tensorrt_llm_bls parameter engine_grpc_url or "
+                                                 f"{GRPC_URL_ENV} to where tritonserver serves gRPC",
+                                     kind="unavailable") from None
+            raise ModelStepError(model_name, detail, kind=error_kind(detail)) from None
+        finally:
+            call.cancel()  # no-op once the call has ended; stops the engine when the caller stopped early
+
+    def _service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
+        # Connected at first use: tritonserver opens its gRPC endpoint only after every model has loaded.
+        with self._lock:
+            if self._stub is None:
+                self._stub = service_pb2_grpc.GRPCInferenceServiceStub(
+                    grpc.insecure_channel(self.url, options=_CHANNEL_OPTIONS))
+            return self._stub
+
+
+def _infer_request(model_name: str, inputs: Mapping[str, np.ndarray], outputs: list[str],
+                   request_id: str) -> service_pb2.ModelInferRequest:
+    request = service_pb2.ModelInferRequest(model_name=model_name, id=request_id)
+    for name, value in inputs.items():
+        value = np.ascontiguousarray(value)
+        request.inputs.add(name=name, datatype=np_to_triton_dtype(value.dtype), shape=value.shape)
+        raw = serialize_byte_tensor(value) if value.dtype == np.object_ else value
+        request.raw_input_contents.append(raw.tobytes())
+    for name in outputs:
+        request.outputs.add(name=name)
+    return request
