@@ -12,15 +12,15 @@ time, which never has two such threads; ours serves hundreds per instance, so it
 whose client never holds the GIL while it waits. Non-streamed child calls (preprocessing, postprocessing)
 stay in-process: exec(decoupled=False) does not touch the iterator map.
 
-The gRPC address is the model parameter `engine_grpc_url` (default localhost:8001, tritonserver's default
-port), or LLM_BLS_GRPC_URL in the server's environment, which wins (our launchers set it to the port they
-give tritonserver).
+Where gRPC is: the model parameter `engine_grpc_url` when set, else what the tritonserver process that
+started this stub was told on its command line (--grpc-address, --grpc-port; Triton's defaults 0.0.0.0 and
+8001), so that a repository needs no setting wherever it is served.
 """
 
 from __future__ import annotations
 
-import os
 import threading
+from pathlib import Path
 from typing import Iterable, Iterator, Mapping
 
 import grpc
@@ -33,8 +33,7 @@ from bls.errors import ModelStepError
 
 Tensors = dict[str, np.ndarray]
 
-GRPC_URL_ENV = "LLM_BLS_GRPC_URL"
-DEFAULT_GRPC_URL = "localhost:8001"
+_ANY_ADDRESS = ("0.0.0.0", "::", "[::]", "")
 # Engine outputs can be large (generation logits): no message size limit on this loopback channel.
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
 _ENGINE_INPUTS = frozenset(spec.name for spec in TENSORRT_LLM.inputs)
@@ -43,8 +42,29 @@ _UNAVAILABLE_MARKS = ("at capacity", "unloading", "unloaded", "Exceeds maximum q
                       "is not healthy")
 
 
-def grpc_url(configured: str | None) -> str:
-    return os.environ.get(GRPC_URL_ENV) or configured or DEFAULT_GRPC_URL
+def grpc_url(configured: str | None, server_pid: int) -> str:
+    """The configured address, else the one of tritonserver (process `server_pid`, this stub's parent).
+    Raises ValueError when that server does not serve gRPC at all."""
+    if configured:
+        return configured
+    return grpc_url_of(Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0"))
+
+
+def grpc_url_of(argv: list[str]) -> str:
+    """Where a tritonserver started with `argv` serves gRPC, as seen from the same host."""
+    options: dict[str, str] = {}
+    for index, arg in enumerate(argv):
+        if arg.startswith("--"):
+            name, equals, value = arg[2:].partition("=")
+            if not equals and index + 1 < len(argv) and not argv[index + 1].startswith("--"):
+                value = argv[index + 1]
+            options[name] = value
+    if options.get("allow-grpc", "true").lower() in ("false", "0", "no", "off"):
+        raise ValueError("tritonserver runs with --allow-grpc=false, but tensorrt_llm_bls streams engine requests "
+                         "over this server's gRPC endpoint: enable gRPC (it may listen on 127.0.0.1 only)")
+    address = options.get("grpc-address", "0.0.0.0")
+    host = "127.0.0.1" if address in _ANY_ADDRESS else address
+    return f"{host}:{options.get('grpc-port', '8001')}"
 
 
 def error_kind(message: str) -> str:
@@ -87,8 +107,8 @@ class EngineStreams:
             detail = error.details() or str(code)
             if code == grpc.StatusCode.UNAVAILABLE:
                 raise ModelStepError(model_name, f"cannot reach this server's gRPC endpoint at {self.url} ({detail}); "
-                                                 f"set the tensorrt_llm_bls parameter engine_grpc_url or "
-                                                 f"{GRPC_URL_ENV} to where tritonserver serves gRPC",
+                                                 "set the tensorrt_llm_bls parameter engine_grpc_url to where "
+                                                 "tritonserver serves gRPC",
                                      kind="unavailable") from None
             raise ModelStepError(model_name, detail, kind=error_kind(detail)) from None
         finally:
@@ -109,8 +129,9 @@ def _infer_request(model_name: str, inputs: Mapping[str, np.ndarray], outputs: l
     for name, value in inputs.items():
         value = np.ascontiguousarray(value)
         request.inputs.add(name=name, datatype=np_to_triton_dtype(value.dtype), shape=value.shape)
-        raw = serialize_byte_tensor(value) if value.dtype == np.object_ else value
-        request.raw_input_contents.append(raw.tobytes())
+        # serialize_byte_tensor: a 0-d object array holding the length-prefixed bytes (Triton's BYTES layout).
+        raw = serialize_byte_tensor(value).item() if value.dtype == np.object_ else value.tobytes()
+        request.raw_input_contents.append(raw)
     for name in outputs:
         request.outputs.add(name=name)
     return request

@@ -26,6 +26,7 @@ class ModelStepError(RuntimeError):
     """
 
     def __init__(self, model_name: str, message: str, kind: str = "client"):
-        super().__init__(f"{model_name}: {message}")
+        # The inner model's messages often name it already ("tensorrt_llm: at capacity ...").
+        super().__init__(message if message.startswith(f"{model_name}: ") else f"{model_name}: {message}")
         self.model_name = model_name
         self.kind = kind

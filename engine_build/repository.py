@@ -66,8 +66,9 @@ class RepositorySettings:
     bls_instance_count: int = field(default_factory=lambda: default_bls_instance_count())
     bls_max_concurrent_requests: int = 256  # per instance
     bls_max_queued_requests: int = 256  # per instance
-    # tritonserver's gRPC endpoint as the BLS reaches it (it streams engine requests through it).
-    bls_engine_grpc_url: str = "localhost:8001"
+    # tritonserver's gRPC endpoint as the BLS reaches it (it streams engine requests through it); empty:
+    # read from tritonserver's command line when the model loads.
+    bls_engine_grpc_url: str = ""
     # The engines' default when a request does not say (upstream's: false). Token-level clients such as
     # NVIDIA's e2e_grpc_speculative_decoding_client.py read the prompt back in output_ids. The text API has
     # its own default (no echo), sent with every request by preprocessing and the BLS.

@@ -24,7 +24,6 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bls.engine_streams import GRPC_URL_ENV
 from engine_build.gpu import gpu_available
 
 STUB_NAME = "triton_python_backend_stub"
@@ -265,9 +264,6 @@ def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "
     command = server_command(repo, ports, address=address, world_size=world_size, engine_model_names=engines,
                              orchestrator=orchestrator, extra_args=extra_args)
     env = server_environment(python)
-    # The BLS streams engine requests through this server's gRPC endpoint (bls/engine_streams.py).
-    host = "127.0.0.1" if address in ("0.0.0.0", "127.0.0.1", "localhost") else address
-    env[GRPC_URL_ENV] = f"{host}:{ports.grpc}"
     if orchestrator:
         env.update(ORCHESTRATOR_ENVIRONMENT)
     return command, env

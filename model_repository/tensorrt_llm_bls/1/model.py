@@ -5,6 +5,7 @@ requests, refuses what is beyond its capacity with UNAVAILABLE, and answers ever
 """
 
 import json
+import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -54,10 +55,18 @@ class TritonPythonModel:
         workers = int(params.get("max_concurrent_requests", "256"))
         self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
         self.generator = TextGenerator(
-            self.config, ChildModels(EngineStreams(grpc_url(params.get("engine_grpc_url"))) if self.config.decoupled else None),
+            self.config, ChildModels(self._engine_streams(params) if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )
+
+    @staticmethod
+    def _engine_streams(params) -> EngineStreams:
+        """Engine streams go through this server's gRPC endpoint (bls/engine_streams.py says why); the stub's
+        parent process is tritonserver."""
+        streams = EngineStreams(grpc_url(params.get("engine_grpc_url"), os.getppid()))
+        pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's gRPC at {streams.url}")
+        return streams
 
     def _observer(self) -> GenerationObserver:
         self.metrics = Metrics()

@@ -1,0 +1,135 @@
+"""bls.engine_streams against an in-process gRPC server that speaks Triton's GRPCInferenceService."""
+
+from __future__ import annotations
+
+import os
+import threading
+from concurrent import futures
+
+import grpc
+import numpy as np
+import pytest
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor
+
+from bls.engine_streams import EngineStreams, error_kind, grpc_url, grpc_url_of
+from bls.errors import ModelStepError
+
+
+class _Engine(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """Streams `tokens` one response each (the last flagged final), or an error; records what it got."""
+
+    def __init__(self):
+        self.tokens = [11, 12, 13]
+        self.error = ""
+        self.requests: list[service_pb2.ModelInferRequest] = []
+        self.cancelled = threading.Event()
+        self.release = threading.Event()  # set: stream everything without waiting
+        self.release.set()
+
+    def ModelStreamInfer(self, request_iterator, context):
+        context.add_callback(lambda: self.cancelled.set() if not context.is_active() else None)
+        for request in request_iterator:
+            self.requests.append(request)
+            if self.error:
+                yield service_pb2.ModelStreamInferResponse(error_message=self.error)
+                return
+            for index, token in enumerate(self.tokens):
+                self.release.wait(10)
+                response = service_pb2.ModelInferResponse(model_name=request.model_name, id=request.id)
+                response.outputs.add(name="output_ids", datatype="INT32", shape=[1, 1, 1])
+                response.raw_output_contents.append(np.array([[[token]]], np.int32).tobytes())
+                response.parameters["triton_final_response"].bool_param = index == len(self.tokens) - 1
+                yield service_pb2.ModelStreamInferResponse(infer_response=response)
+
+
+@pytest.fixture
+def engine():
+    servicer = _Engine()
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4))
+    service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    yield servicer, EngineStreams(f"127.0.0.1:{port}")
+    server.stop(0)
+
+
+def test_streams_each_response_and_sends_the_request_as_given(engine):
+    servicer, streams = engine
+    inputs = {"input_ids": np.array([[1, 2, 3]], np.int32), "streaming": np.array([[True]]),
+              "bad_words": np.array([[b"x"]], dtype=object)}
+    got = [r["output_ids"].item() for r in streams.stream("tensorrt_llm", inputs, ["output_ids"], "req-1")]
+    assert got == [11, 12, 13]
+    (request,) = servicer.requests
+    assert (request.model_name, request.id) == ("tensorrt_llm", "req-1")
+    assert [(t.name, t.datatype, list(t.shape)) for t in request.inputs] == [
+        ("input_ids", "INT32", [1, 3]), ("streaming", "BOOL", [1, 1]), ("bad_words", "BYTES", [1, 1])]
+    assert np.frombuffer(request.raw_input_contents[0], np.int32).tolist() == [1, 2, 3]
+    assert deserialize_bytes_tensor(request.raw_input_contents[2]).tolist() == [b"x"]
+    assert [o.name for o in request.outputs] == ["output_ids"]
+
+
+def test_an_engine_error_keeps_its_class(engine):
+    servicer, streams = engine
+    servicer.error = "request_output_len: input length 9 + request_output_len 9 = 18 exceeds the engine's max_seq_len 16"
+    with pytest.raises(ModelStepError) as caught:
+        list(streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)}, ["output_ids"]))
+    assert caught.value.kind == "client"
+    assert str(caught.value).startswith("tensorrt_llm: request_output_len: ")
+
+
+def test_closing_the_stream_early_cancels_the_engine_request(engine):
+    servicer, streams = engine
+    servicer.tokens = list(range(100))
+    responses = streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)}, ["output_ids"])
+    next(responses)
+    servicer.release.clear()  # the engine is still generating
+    responses.close()
+    assert servicer.cancelled.wait(5)
+    servicer.release.set()
+
+
+def test_an_unreachable_endpoint_names_the_setting_to_fix():
+    with socket_port() as port:
+        streams = EngineStreams(f"127.0.0.1:{port}")
+        with pytest.raises(ModelStepError) as caught:
+            list(streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)}, ["output_ids"]))
+    assert caught.value.kind == "unavailable"
+    assert "engine_grpc_url" in str(caught.value) and f"127.0.0.1:{port}" in str(caught.value)
+
+
+@pytest.mark.parametrize("message, kind", [
+    ("tensorrt_llm: at capacity: 16 sequences running and 64 waiting (...); retry later", "unavailable"),
+    ("tensorrt_llm: the model is unloading", "unavailable"),
+    ("end_id: must be a token id below the vocabulary size 128256, got -5", "client"),
+    ("tensorrt_llm: internal error (KeyError: 'x'); see the server log", "internal"),
+    ("Encountered an error in forwardAsync function: out of memory", "internal"),
+])
+def test_error_kinds(message, kind):
+    assert error_kind(message) == kind
+
+
+def test_the_address_comes_from_tritonservers_command_line():
+    assert grpc_url_of(["tritonserver", "--model-repository=/m"]) == "127.0.0.1:8001"
+    assert grpc_url_of(["tritonserver", "--grpc-port=9101", "--grpc-address=0.0.0.0"]) == "127.0.0.1:9101"
+    assert grpc_url_of(["tritonserver", "--grpc-port", "9102", "--grpc-address", "10.0.0.7"]) == "10.0.0.7:9102"
+    with pytest.raises(ValueError, match="allow-grpc"):
+        grpc_url_of(["tritonserver", "--allow-grpc=false"])
+
+
+def test_a_configured_address_wins():
+    assert grpc_url("triton:9001", server_pid=-1) == "triton:9001"
+    assert grpc_url("", server_pid=os.getpid()).startswith("127.0.0.1:")  # this process: Triton's default port
+
+
+class socket_port:
+    """A loopback port that nothing listens on."""
+
+    def __enter__(self) -> int:
+        import socket
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        return self._sock.getsockname()[1]
+
+    def __exit__(self, *exc) -> None:
+        self._sock.close()
