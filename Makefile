@@ -46,7 +46,7 @@ MAX_SEQ_LEN ?=
 KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
-# tensorrt_llm_bls instances; default: one per 4 cores of the host that runs `make repo`, 1 to 4.
+# tensorrt_llm_bls instances; default: one per 2 cores of the host that runs `make repo`, 1 to 8.
 BLS_INSTANCES ?=
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \

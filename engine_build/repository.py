@@ -39,12 +39,13 @@ EngineKind = Literal["embedded", "trtllm"]
 
 
 def default_bls_instance_count(cpus: int | None = None) -> int:
-    """One BLS instance is one Python process and streams ~2,300-2,500 tok/s of one-response-per-token
-    streams however many cores the host has; on a 16-core host 4 instances carried 8,500-10,100 tok/s
-    (README, Benchmarks). One instance per 4 cores of the building host (the GPU host for ENGINE=trtllm),
-    1 to 4: the host's other cores serve tritonserver, the engine and pre/postprocessing."""
+    """One BLS instance is one Python process; its per-token Python work caps what it streams, however many
+    threads serve its requests. On a 16-core host with 6 engine instances 4 BLS instances streamed 7-8.3k tok/s,
+    8 instances 10.4k and 0.72-0.89 of the engine floor (README, Benchmarks). One instance per 2 cores of the
+    building host (the GPU host for ENGINE=trtllm), 1 to 8: the other cores serve tritonserver, the engine and
+    pre/postprocessing."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return max(1, min(4, cpus // 4))
+    return max(1, min(8, cpus // 2))
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ exactly the non-streamed text.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -23,12 +24,13 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs
-from bls.errors import InvalidRequest
+from bls.errors import InvalidRequest, ModelStepError
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
 from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
+log = logging.getLogger(__name__)
 
 MULTIMODAL_INPUTS = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
 # What the BLS asks the engine for besides the tokens, by the input that asks for it. Only what the client
@@ -330,14 +332,20 @@ class TextGenerator:
                 self.stop_engine(self.config.engine_model, child_id)
 
     def stop_engine(self, model_name: str, child_id: str) -> None:
-        """Cancel a child generation: Triton 2.51 does not propagate cancellation to BLS children."""
-        for _ in self.models.stream(model_name, {
-            "input_ids": np.zeros((1, 1), np.int32),
-            "input_lengths": np.ones((1, 1), np.int32),
-            "request_output_len": np.ones((1, 1), np.int32),
-            "stop": np.array([[True]]),
-        }, ["output_ids"], child_id):
-            pass
+        """Stop a child generation with a `stop` request for its id, the tensorrtllm backend's documented way.
+        A streamed child is also cancelled when its stream is closed; this covers engines that do not poll
+        cancellation and the unload path. Best effort: a failure is logged, never raised over the error that
+        brought us here."""
+        try:
+            for _ in self.models.stream(model_name, {
+                "input_ids": np.zeros((1, 1), np.int32),
+                "input_lengths": np.ones((1, 1), np.int32),
+                "request_output_len": np.ones((1, 1), np.int32),
+                "stop": np.array([[True]]),
+            }, ["output_ids"], child_id):
+                pass
+        except ModelStepError as error:
+            log.warning("could not stop engine request %s: %s", child_id, error)
 
     # -- final outputs -----------------------------------------------------------------------------------
     def _final_text(self, request: TextRequest, pre: Tensors, row: int, result: RowResult) -> str:
