@@ -29,7 +29,8 @@ Tensors = dict[str, np.ndarray]
 
 # Quick pb_utils calls of a process (building requests and responses, sends) go through this one lock: the
 # Triton 2.51 stub is not safe against such calls from several threads at once (a BLS serving many streams
-# on threads died with "double free or corruption" under the soak). Every wait on another model (exec, a
+# on threads died with "double free or corruption" under the soak; with a lock per stream instead, so that
+# sends of different streams overlapped, the BLS stub died within 90 s of the 256-client soak). Every wait on another model (exec, a
 # child stream's next response) stays outside it: one stream waiting for its engine must not stop the
 # others. Metrics have their own lock (Metrics).
 PB_LOCK = threading.RLock()
@@ -185,7 +186,8 @@ class SafeSender:
     def is_cancelled(self) -> bool:
         """Never blocks: while a send is in progress, the answer of the previous check is returned.
 
-        The engine polls this every step; waiting for a send to finish would tie generation to sending.
+        The engine polls this (through bls.cancellation.CancellationPoll) while it generates; waiting for a
+        send to finish would tie generation to sending.
         """
         if not PB_LOCK.acquire(blocking=False):
             return self._cancelled

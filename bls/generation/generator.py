@@ -24,6 +24,7 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs
+from bls.cancellation import CANCELLATION_CHECK_PERIOD_S, CancellationPoll
 from bls.errors import InvalidRequest, ModelStepError
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
@@ -76,9 +77,8 @@ class BlsConfig:
     # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
     # without streaming, so a client that leaves cannot stop a generation half-way.
     decoupled: bool = True
-    # How often a stream asks Triton whether its client is still there: an IPC round trip to the server,
-    # too dear to pay for every token at GPU rates; a cancelled stream stops within this time.
-    cancellation_check_period_s: float = 0.02
+    # How often a stream asks Triton whether its client is still there (bls.cancellation).
+    cancellation_check_period_s: float = CANCELLATION_CHECK_PERIOD_S
 
 
 @dataclass(frozen=True)
@@ -200,23 +200,6 @@ class _EngineDetails:
         return {**self._latest, **joined}
 
 
-class CancellationPoll:
-    """Whether the client is gone, asked of the sink at most once per period (BlsConfig's
-    cancellation_check_period_s)."""
-
-    def __init__(self, sink: ResponseSink, period_s: float):
-        self._sink = sink
-        self._period_s = period_s
-        self._next_check = 0.0
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if now < self._next_check:
-            return False
-        self._next_check = now + self._period_s
-        return self._sink.is_cancelled()
-
-
 class TextGenerator:
     """Serves requests on the caller's thread; the rows of a batch run on `row_pool`, one bounded pool for
     every request (default: one of 64 threads)."""
@@ -275,7 +258,7 @@ class TextGenerator:
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
         details = _EngineDetails(streamed=request.stream)
-        cancelled = CancellationPoll(sink, self.config.cancellation_check_period_s)
+        cancelled = CancellationPoll(sink.is_cancelled, self.config.cancellation_check_period_s)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
             """Record tokens, stream them; False when the client has gone away."""

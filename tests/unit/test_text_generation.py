@@ -150,7 +150,7 @@ def test_draft_length_is_bounded_by_the_engine():
 
 
 def test_cancellation_is_asked_of_triton_at_most_once_per_period():
-    from bls.generation.generator import CancellationPoll
+    from bls.cancellation import CancellationPoll
 
     class CountingSink:
         calls = 0
@@ -160,7 +160,7 @@ def test_cancellation_is_asked_of_triton_at_most_once_per_period():
             return False
 
     sink = CountingSink()
-    poll = CancellationPoll(sink, period_s=60.0)
+    poll = CancellationPoll(sink.is_cancelled, period_s=60.0)
     assert not any(poll() for _ in range(1000))
     assert sink.calls == 1
 

@@ -24,6 +24,7 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+from bls.cancellation import CancellationPoll  # noqa: E402
 from bls.contract import TENSORRT_LLM, ModelContract  # noqa: E402
 from bls.errors import InvalidRequest  # noqa: E402
 from bls.triton_io import (  # noqa: E402
@@ -95,12 +96,13 @@ class TritonPythonModel:
         if self._decoupled:
             for request in requests:
                 sender = SafeSender(request, self._name)
-                self._submit(request, sender, sender.is_cancelled, arrival_ns)
+                self._submit(request, sender, CancellationPoll(sender.is_cancelled), arrival_ns)
             return None
         collectors = []
         for request in requests:
             collector = CollectingSender()
-            self._submit(request, collector, lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled(),
+            self._submit(request, collector,
+                         CancellationPoll(lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled()),
                          arrival_ns)
             collectors.append(collector)
         responses = []
