@@ -235,11 +235,12 @@ class Metrics:
     family was garbage-collected fails.
     """
 
-    # Its own lock, not PB_LOCK: the engine thread updates metrics every step and must not wait for sends
-    # (metric calls only need serialising among themselves, per the reference experiments).
-    _lock = threading.Lock()
-
-    def __init__(self):
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None):
+        """lock: what serialises the metric calls. By default their own lock (they only need serialising among
+        themselves, per the reference experiments): the embedded engine updates metrics every step and must
+        not wait for sends. The BLS passes PB_LOCK so that all its pb_utils calls are serialised: its stub died
+        once in a 256-client soak (cause not captured) while metric calls ran beside its sends."""
+        self._lock = lock or threading.Lock()
         self._families: dict[str, Any] = {}
 
     def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":

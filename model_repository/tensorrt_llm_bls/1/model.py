@@ -25,7 +25,7 @@ from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerato
 from bls.request_pool import RequestPool  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.triton_io import (  # noqa: E402
-    ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
+    PB_LOCK, ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
 )
 
 MODEL = "tensorrt_llm_bls"
@@ -69,7 +69,7 @@ class TritonPythonModel:
         return streams
 
     def _observer(self) -> GenerationObserver:
-        self.metrics = Metrics()
+        self.metrics = Metrics(lock=PB_LOCK)
         labels = {"model": MODEL}
         first_token = self.metrics.histogram(
             "llm_bls_time_to_first_token_seconds", "Time from request arrival to the first generated token",
@@ -101,8 +101,10 @@ class TritonPythonModel:
 
     def _serve(self, request, sender, arrived):
         try:
-            inputs = read_inputs(request, TENSORRT_LLM_BLS)
-            request = TextRequest.from_inputs(inputs, self.config, request.request_id())
+            with PB_LOCK:  # pb_utils calls, on a worker thread
+                inputs = read_inputs(request, TENSORRT_LLM_BLS)
+                request_id = request.request_id()
+            request = TextRequest.from_inputs(inputs, self.config, request_id)
             self.generator.generate(request, sender, arrived)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
             sender.send_error(error)
