@@ -167,15 +167,13 @@ class SafeSender:
 
     Every decoupled model must send the FINAL flag exactly once, also on errors, or the client hangs.
     A model that is not decoupled may use a sender too (Python backend >= 23.10), for exactly one response
-    with the FINAL flag: `decoupled=False` sends errors that way. Sends from several threads are
-    serialised (PB_LOCK).
+    with the FINAL flag (an error is sent that way too). Sends from several threads are serialised (PB_LOCK).
     """
 
-    def __init__(self, request: Any, model_name: str, decoupled: bool = True):
+    def __init__(self, request: Any, model_name: str):
         with PB_LOCK:
             self._sender = request.get_response_sender()
         self._model_name = model_name
-        self._decoupled = decoupled
         self._closed = False
         self._cancelled = False
 
@@ -201,14 +199,13 @@ class SafeSender:
         self._send(lambda: make_response(outputs), final)
 
     def send_error(self, error: BaseException) -> None:
-        """The error, then the end of the stream as a separate empty response.
+        """The error, as the stream's final response.
 
-        Triton 2.51 never hands an error that carries the FINAL flag, after data responses, to a BLS
-        caller's exec(decoupled=True) iterator (the BLS then waits forever); sent apart, both arrive.
-        Not decoupled: the one response is the error, with the FINAL flag.
+        Not apart from the FINAL flag (an error, then an empty final response), as these models sent it while
+        the BLS read engine streams through exec(decoupled=True): Triton 2.51's ensemble then counted the
+        request as in flight forever, and every shutdown waited out --exit-timeout-secs (seen after the soak).
         """
-        self._send(lambda: error_response(error, self._model_name), final=not self._decoupled)
-        self.finish()
+        self._send(lambda: error_response(error, self._model_name), final=True)
 
     def finish(self) -> None:
         """Close the stream with an empty final response (no-op if already closed)."""

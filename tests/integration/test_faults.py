@@ -166,6 +166,24 @@ def test_engine_error_mid_generation_reaches_bls_clients(server):
 
 # ---- (c) a huge input -------------------------------------------------------------------------------------------
 
+def test_engine_errors_leave_nothing_in_flight(synthetic_repo, tmp_path):
+    """An engine error ends its stream in one response. Sent apart from the FINAL flag, Triton 2.51's ensemble
+    counted each such request as in flight forever, and shutdown waited out --exit-timeout-secs."""
+    server = TritonServer(synthetic_repo, log_path=tmp_path / "tritonserver.log")
+    with server:
+        with pytest.raises(HttpError, match="exceeds the engine's max_seq_len"):  # before any token
+            generate(server.http_url, "ensemble", {"text_input": "hi", "max_tokens": 100_000}, timeout=HUNG_AFTER_S)
+        with pytest.raises(HttpError, match="internal error"):  # after two tokens
+            generate_stream(server.http_url, "ensemble", {"text_input": "hi", "max_tokens": 10, "stream": True,
+                                                          **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
+        with pytest.raises(HttpError, match="internal error"):
+            generate_stream(server.http_url, BLS, {"text_input": "hi", "max_tokens": 10, "stream": True,
+                                                   **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
+    log = server.log_path.read_text()
+    assert "Waiting for in-flight requests to complete" in log  # the shutdown did look
+    assert " in-flight inferences\"" not in log.replace("Found 0 model versions that have in-flight inferences", "")
+
+
 def test_huge_input_is_refused_and_the_server_keeps_serving(server):
     huge = "many words " * (50_000_000 // len("many words "))  # ~50 MB
     with pytest.raises(HttpError) as error:

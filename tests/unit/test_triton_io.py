@@ -132,9 +132,9 @@ def test_errors_name_the_field_and_hide_tracebacks(triton_io):
 
     sender = triton_io.SafeSender(request := Request(), "preprocessing")
     sender.send_error(InvalidRequest("MESSAGES", "is not valid JSON"))
-    (response, flags), (end, end_flags) = request.sender.sent
+    ((response, flags),) = request.sender.sent
     assert response.error.code() == "INVALID_ARG"
-    assert (flags, end, end_flags) == (0, None, 1)  # the end of the stream goes apart from the error
+    assert flags == 1  # the error ends the stream (apart from it, Triton 2.51's ensemble leaked the request)
     assert response.error.message() == "MESSAGES: is not valid JSON"
 
     try:

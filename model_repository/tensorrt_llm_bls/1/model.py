@@ -95,7 +95,7 @@ class TritonPythonModel:
     def execute(self, requests):
         arrived = time.monotonic()
         for request in requests:
-            sender = SafeSender(request, MODEL, self.config.decoupled)
+            sender = SafeSender(request, MODEL)
             self.requests.submit(lambda r=request, s=sender: self._serve(r, s, arrived), sender.send_error)
         return None
 
