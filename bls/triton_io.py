@@ -239,6 +239,17 @@ class Metrics:
         once in a 256-client soak (cause not captured) while metric calls ran beside its sends."""
         self._lock = lock or threading.Lock()
         self._families: dict[str, Any] = {}
+        self._metrics: list[_Metric] = []
+
+    def close(self) -> None:
+        """Release every metric and family now (call it from finalize): left to the stub's exit, a MetricFamily's
+        destructor writes to shared memory that is gone by then, and the stub segfaulted after its model had
+        unloaded (core dumps after two soaks). Later updates are ignored."""
+        with self._lock:
+            for metric in self._metrics:
+                metric.release()
+            self._metrics.clear()
+            self._families.clear()
 
     def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
         return self._metric(name, description, pb_utils.MetricFamily.COUNTER, labels)
@@ -258,7 +269,8 @@ class Metrics:
                 metric = family.Metric(labels=dict(labels))
             else:
                 metric = family.Metric(labels=dict(labels), buckets=buckets)
-            return _Metric(metric, family, self._lock)
+            self._metrics.append(_Metric(metric, family, self._lock))
+            return self._metrics[-1]
 
 
 class _Metric:
@@ -269,15 +281,23 @@ class _Metric:
 
     def increment(self, value: float = 1.0) -> None:
         with self._lock:
-            self._metric.increment(value)
+            if self._metric is not None:
+                self._metric.increment(value)
 
     def set(self, value: float) -> None:
         with self._lock:
-            self._metric.set(value)
+            if self._metric is not None:
+                self._metric.set(value)
 
     def observe(self, value: float) -> None:
         with self._lock:
-            self._metric.observe(value)
+            if self._metric is not None:
+                self._metric.observe(value)
+
+    def release(self) -> None:
+        """Drop the metric, then its family (Metrics.close; called with the lock held)."""
+        self._metric = None
+        self._family = None
 
 
 class ChildModels:

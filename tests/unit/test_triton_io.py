@@ -170,6 +170,19 @@ def test_metric_families_are_created_once_and_kept(triton_io):
     ok.increment()  # the family outlives the Metrics object that made it
 
 
+def test_closed_metrics_release_their_families_and_ignore_updates(triton_io):
+    import gc
+    import weakref
+
+    metrics = triton_io.Metrics()
+    tokens = metrics.counter("llm_tokens_total", "d", {})
+    family = weakref.ref(tokens._family)
+    metrics.close()
+    gc.collect()
+    assert family() is None  # released in finalize, not left to the stub's exit
+    tokens.increment()  # an update racing the unload is dropped, not an error
+
+
 def test_request_parameters_are_refused_by_name(triton_io):
     """generate turns unknown JSON fields into parameters: each must be an error naming it, not a no-op."""
     from bls.contract import POSTPROCESSING

@@ -115,3 +115,4 @@ class TritonPythonModel:
         cut_short = self.requests.shutdown(UNLOAD_WAIT_S, self.generator.stop_running_engines)
         if cut_short:
             pb_utils.Logger.log_warn(f"{MODEL}: unloading ended {cut_short} requests with an error")
+        self.metrics.close()
