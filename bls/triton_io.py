@@ -12,7 +12,7 @@ import logging
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -20,19 +20,21 @@ import triton_python_backend_utils as pb_utils
 
 from bls.artifact import verify_model_files
 from bls.contract import ModelContract
-from bls.engine_streams import EngineStreams
 from bls.errors import InvalidRequest, ModelStepError, Unavailable
+
+if TYPE_CHECKING:  # only the BLS streams over gRPC: the other models' stubs need not import grpc
+    from bls.engine_streams import EngineStreams
 
 log = logging.getLogger(__name__)
 
 Tensors = dict[str, np.ndarray]
 
-# Quick pb_utils calls of a process (building requests and responses, sends) go through this one lock: the
-# Triton 2.51 stub is not safe against such calls from several threads at once (a BLS serving many streams
-# on threads died with "double free or corruption" under the soak; with a lock per stream instead, so that
-# sends of different streams overlapped, the BLS stub died within 90 s of the 256-client soak). Every wait on another model (exec, a
-# child stream's next response) stays outside it: one stream waiting for its engine must not stop the
-# others. Metrics have their own lock (Metrics).
+# Every pb_utils call of the BLS (taking a sender, reading inputs, building and sending responses, child
+# requests, metrics) goes through this one lock: the Triton 2.51 stub is not safe against such calls from
+# several threads at once (a BLS serving many streams on threads died with "double free or corruption"; with
+# a lock per stream instead, so that sends of different streams overlapped, the BLS stub died within 90 s of
+# the 256-client soak). Every wait on another model (exec) stays outside it: one stream waiting for its
+# engine must not stop the others. The embedded engine's metrics have their own lock (Metrics).
 PB_LOCK = threading.RLock()
 
 
