@@ -25,8 +25,8 @@ from typing import Iterable, Iterator, Mapping
 
 import grpc
 import numpy as np
-from tritonclient.grpc import InferResult, service_pb2, service_pb2_grpc
-from tritonclient.utils import np_to_triton_dtype, serialize_byte_tensor
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from bls.contract import TENSORRT_LLM
 from bls.errors import ModelStepError
@@ -91,6 +91,7 @@ class EngineStreams:
         """The responses of one request (its last one may be empty). Closing the iterator early cancels the
         request: Triton cancels it in the engine, as it does for any gRPC client that goes away."""
         outputs = list(outputs)
+        wanted = frozenset(outputs)
         request = _infer_request(model_name, inputs, outputs, request_id)
         # One request, then the client half-closes: the call ends after the request's final response.
         call = self._service().ModelStreamInfer(iter([request]))
@@ -98,8 +99,7 @@ class EngineStreams:
             for response in call:
                 if response.error_message:
                     raise ModelStepError(model_name, response.error_message, kind=error_kind(response.error_message))
-                result = InferResult(response.infer_response)
-                yield {name: value for name in outputs if (value := result.as_numpy(name)) is not None}
+                yield _tensors(response.infer_response, wanted)
         except grpc.RpcError as error:
             code = error.code()
             if code == grpc.StatusCode.CANCELLED:
@@ -121,6 +121,20 @@ class EngineStreams:
                 self._stub = service_pb2_grpc.GRPCInferenceServiceStub(
                     grpc.insecure_channel(self.url, options=_CHANNEL_OPTIONS))
             return self._stub
+
+
+def _tensors(response: service_pb2.ModelInferResponse, wanted: frozenset[str]) -> Tensors:
+    """The outputs named in `wanted`, read straight from the raw contents: this runs once per streamed token,
+    and tritonclient's InferResult looks each output up by a scan of the response."""
+    tensors = {}
+    for output, raw in zip(response.outputs, response.raw_output_contents):
+        if output.name in wanted:
+            if output.datatype == "BYTES":
+                value = deserialize_bytes_tensor(raw)
+            else:
+                value = np.frombuffer(raw, dtype=triton_to_np_dtype(output.datatype))
+            tensors[output.name] = value.reshape(output.shape)
+    return tensors
 
 
 def _infer_request(model_name: str, inputs: Mapping[str, np.ndarray], outputs: list[str],

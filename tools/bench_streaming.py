@@ -67,6 +67,11 @@ def run(ctx: BenchContext) -> list[Row]:
             rows.append(Row(f"{clients:>3} streams: {label}", rate, "tok/s"))
             rows.append(Row(f"{clients:>3} streams: {label} / floor", rate / floor, "x",
                             RATIO_TARGET.get(clients) if model == "tensorrt_llm_bls" else None))
+        # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
+        # the client received per generated token says how much (1.0: one per token, as the engine sends).
+        events = sum(len(trace.arrivals) for trace in runs["tensorrt_llm_bls"].results)
+        rows.append(Row(f"{clients:>3} streams: BLS responses per token", events / (STREAM_TOKENS * len(
+            runs["tensorrt_llm_bls"].results)), "x"))
         first = [trace.first_event_s * 1000 for trace in runs["tensorrt_llm_bls"].results]
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", percentile(first, 50), "ms",
                         TTFT_TARGET.get(clients)))

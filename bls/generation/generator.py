@@ -2,7 +2,8 @@
 
 Pure Python over two small interfaces, so it is unit-tested without Triton:
 - `ModelCaller`: calls other models (`bls.triton_io.ChildModels` in the server);
-- `ResponseSink`: sends responses and reports client cancellation (`bls.triton_io.SafeSender`).
+- `ResponseSink`: sends responses and reports client cancellation (`bls.response_loop.QueuedStream` in the
+  server: sends return at once, and responses still waiting to go out absorb later ones, see merge_streamed).
 
 Streaming sends the text added since the previous response (or, with accumulate_tokens, the whole text
 so far), produced by an incremental detokenizer: O(1) work per token, and the concatenated deltas are
@@ -24,7 +25,6 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs
-from bls.cancellation import CANCELLATION_CHECK_PERIOD_S, CancellationPoll
 from bls.errors import InvalidRequest, ModelStepError
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
@@ -61,7 +61,8 @@ class ModelCaller(Protocol):
 class ResponseSink(Protocol):
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
 
-    def is_cancelled(self) -> bool: ...
+    def is_cancelled(self) -> bool:
+        """Asked after every engine response: must be cheap (QueuedStream answers from what it last heard)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +78,6 @@ class BlsConfig:
     # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
     # without streaming, so a client that leaves cannot stop a generation half-way.
     decoupled: bool = True
-    # How often a stream asks Triton whether its client is still there (bls.cancellation).
-    cancellation_check_period_s: float = CANCELLATION_CHECK_PERIOD_S
 
 
 @dataclass(frozen=True)
@@ -258,7 +257,6 @@ class TextGenerator:
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
         details = _EngineDetails(streamed=request.stream)
-        cancelled = CancellationPoll(sink.is_cancelled, self.config.cancellation_check_period_s)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
             """Record tokens, stream them; False when the client has gone away."""
@@ -272,7 +270,7 @@ class TextGenerator:
                 outputs.update(extra)
                 if outputs:
                     sink.send(outputs)
-            return not cancelled()
+            return not sink.is_cancelled()
 
         if request.num_draft_tokens > 0:
             decoder = DraftTargetDecoder(self.models, self.config.engine_model, self.config.draft_model)
@@ -379,7 +377,8 @@ class _TextStreamer:
         self._num_tokens += len(tokens)
         outputs = {
             "text_output": _strings([self._text(delta)]),
-            # Running count: a response may carry several tokens when the engine's sending fell behind.
+            # Running count: a response carries several tokens when the engine's or this model's sending fell
+            # behind (responses waiting to go out are merged: merge_streamed).
             "num_output_tokens": np.array([[self._num_tokens]], dtype=np.int32),
         }
         if self._batch_index is not None:
@@ -395,6 +394,23 @@ class _TextStreamer:
             return delta
         self._text_so_far += delta
         return self._text_so_far
+
+
+def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensors | None:
+    """Two streamed responses of one stream as one (bls.response_loop merges what waits to be sent): the text
+    deltas joined (accumulating: the later, whole text), per-token outputs joined along their token axis,
+    every other output the later one's (token counts and cumulative values are running totals). None for
+    responses of different batch rows, which go apart."""
+    earlier_row, later_row = earlier.get("batch_index"), later.get("batch_index")
+    if (earlier_row is None) != (later_row is None) or (earlier_row is not None and earlier_row.item() != later_row.item()):
+        return None
+    merged = {**earlier, **later}
+    if not accumulate and "text_output" in earlier and "text_output" in later:
+        merged["text_output"] = np.array([earlier["text_output"][0] + later["text_output"][0]], dtype=object)
+    for name, axis in _PER_TOKEN_AXIS.items():
+        if name in earlier and name in later:
+            merged[name] = np.concatenate([earlier[name], later[name]], axis=axis)
+    return merged
 
 
 def _strings(texts: list[str]) -> np.ndarray:

@@ -15,14 +15,12 @@ import pytest
 from bls.errors import InvalidRequest
 from bls.text.postprocessing import Postprocessor
 from bls.text.preprocessing import Preprocessor
-from bls.generation.generator import BlsConfig, TextGenerator, TextRequest
+from bls.generation.generator import BlsConfig, TextGenerator, TextRequest, merge_streamed
 
 # Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
 SCRIPT_TEXT = "Hi é 🙂 世界 done"
-# Cancellation checked at every token: the scripted engine answers faster than any real period.
 CONFIG = BlsConfig(engine_model="engine", preprocessing_model="pre", postprocessing_model="post",
-                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True,
-                   cancellation_check_period_s=0.0)
+                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True)
 
 
 class ScriptedModels:
@@ -129,6 +127,40 @@ def test_batch_rows_carry_their_index(bundle, models):
     assert per_row == {0: SCRIPT_TEXT, 1: SCRIPT_TEXT}
 
 
+def merged_stream(responses, accumulate=False):
+    """What a client receives when every streamed response waited behind others' sends: all merged."""
+    merged = [responses[0]]
+    for response in responses[1:-1]:
+        merged[-1] = merge_streamed(merged[-1], response, accumulate)
+    return merged + [responses[-1]]
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_merged_responses_carry_the_same_text_and_count(bundle, models, accumulate):
+    config = BlsConfig(**{**CONFIG.__dict__, "accumulate_tokens": accumulate})
+    sink = Sink()
+    TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
+    assert len(sink.responses) > 3
+    (merged, final) = merged_stream(sink.responses, accumulate)
+    text = text_of(merged) if accumulate else text_of(merged) + text_of(final)
+    assert text == SCRIPT_TEXT
+    assert merged["num_output_tokens"][0, 0] == sink.responses[-2]["num_output_tokens"][0, 0]
+
+
+def test_merged_responses_join_per_token_outputs_and_keep_rows_apart():
+    row = lambda index: np.array([[index]], np.int32)  # noqa: E731
+    first = {"text_output": np.array([b"a"], dtype=object), "output_log_probs": np.array([[-1.0]], np.float32),
+             "cum_log_probs": np.array([[-1.0]], np.float32), "batch_index": row(0)}
+    second = {"text_output": np.array([b"b"], dtype=object), "output_log_probs": np.array([[-2.0]], np.float32),
+              "cum_log_probs": np.array([[-3.0]], np.float32), "batch_index": row(0)}
+    merged = merge_streamed(first, second, accumulate=False)
+    assert merged["text_output"].tolist() == [b"ab"]
+    assert merged["output_log_probs"].tolist() == [[-1.0, -2.0]]
+    assert merged["cum_log_probs"].tolist() == [[-3.0]]  # a running value: the later one
+    assert merge_streamed(first, {**second, "batch_index": row(1)}, accumulate=False) is None
+    assert merge_streamed(first, {k: v for k, v in second.items() if k != "batch_index"}, accumulate=False) is None
+
+
 @pytest.mark.parametrize("inputs, field", [
     ({"max_tokens": [[0]]}, "max_tokens"),
     ({"num_draft_tokens": [[2]]}, "num_draft_tokens"),  # no draft model configured
@@ -163,21 +195,6 @@ def test_cancellation_is_asked_of_triton_at_most_once_per_period():
     poll = CancellationPoll(sink.is_cancelled, period_s=60.0)
     assert not any(poll() for _ in range(1000))
     assert sink.calls == 1
-
-
-def test_an_error_while_streaming_stops_the_engine_child(bundle, models):
-    """A send that fails between tokens (the client's connection broke, a bug) must not leave the engine
-    generating until max_tokens for nobody."""
-
-    class BrokenSink(Sink):
-        def send(self, outputs, final=False):
-            if len(self.responses) == 2:
-                raise RuntimeError("send failed")
-            super().send(outputs, final)
-
-    with pytest.raises(RuntimeError, match="send failed"):
-        TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]]), BrokenSink())
-    assert len(models.stops) == 1, "the engine child must be stopped"
 
 
 def test_unloading_stops_every_running_engine_child(bundle):

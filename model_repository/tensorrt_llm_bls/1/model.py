@@ -2,6 +2,7 @@
 
 Each request is served on a worker thread of a bounded pool (bls.request_pool): one instance serves many
 requests, refuses what is beyond its capacity with UNAVAILABLE, and answers everyone when it unloads.
+One thread sends every response (bls.response_loop), merging a stream's text while it waits to go out.
 """
 
 import json
@@ -9,6 +10,7 @@ import os
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
@@ -21,8 +23,11 @@ sys.path.insert(0, str(HERE))
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
 from bls.engine_streams import EngineStreams, grpc_url  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
-from bls.generation.generator import BlsConfig, GenerationObserver, TextGenerator, TextRequest  # noqa: E402
+from bls.generation.generator import (  # noqa: E402
+    BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
+)
 from bls.request_pool import RequestPool  # noqa: E402
+from bls.response_loop import ResponseLoop  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.triton_io import (  # noqa: E402
     PB_LOCK, ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
@@ -54,6 +59,8 @@ class TritonPythonModel:
         )
         workers = int(params.get("max_concurrent_requests", "256"))
         self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
+        self.responses = ResponseLoop()
+        self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
         self.generator = TextGenerator(
             self.config, ChildModels(self._engine_streams(params) if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
@@ -95,7 +102,7 @@ class TritonPythonModel:
     def execute(self, requests):
         arrived = time.monotonic()
         for request in requests:
-            sender = SafeSender(request, MODEL)
+            sender = self.responses.open(SafeSender(request, MODEL), self.merge)
             self.requests.submit(lambda r=request, s=sender: self._serve(r, s, arrived), sender.send_error)
         return None
 
@@ -115,4 +122,6 @@ class TritonPythonModel:
         cut_short = self.requests.shutdown(UNLOAD_WAIT_S, self.generator.stop_running_engines)
         if cut_short:
             pb_utils.Logger.log_warn(f"{MODEL}: unloading ended {cut_short} requests with an error")
+        if not self.responses.close(UNLOAD_WAIT_S):
+            pb_utils.Logger.log_warn(f"{MODEL}: unloading before every response was sent")
         self.metrics.close()

@@ -1,0 +1,167 @@
+"""bls.response_loop: one sending thread, streams merged while they wait, first responses first."""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from bls.response_loop import ResponseLoop
+
+
+def text(value: str) -> dict:
+    return {"text": np.array([value.encode()], dtype=object)}
+
+
+def join_texts(earlier: dict, later: dict) -> dict | None:
+    if "stop_merging" in later:
+        return None
+    return {"text": np.array([earlier["text"][0] + later["text"][0]], dtype=object)}
+
+
+class Transport:
+    """Records what the loop sends; `gate` (when cleared) holds every send until it is set."""
+
+    def __init__(self, name: str, log: list, gate: threading.Event | None = None, fail_at: int | None = None):
+        self.name, self.log, self.gate, self.fail_at = name, log, gate, fail_at
+        self.sending = threading.Event()
+        self.cancelled = False
+        self.cancel_checks = 0
+        self.done = threading.Event()
+
+    def send(self, outputs, final=False):
+        self.sending.set()
+        if self.gate is not None:
+            assert self.gate.wait(5)
+        if self.fail_at is not None and len([e for e in self.log if e[0] == self.name]) == self.fail_at:
+            raise RuntimeError("the client's connection broke")
+        self.log.append((self.name, outputs["text"][0].decode() if "text" in outputs else "", final))
+        if final:
+            self.done.set()
+
+    def send_error(self, error):
+        self.log.append((self.name, f"error: {error}", True))
+        self.done.set()
+
+    def is_cancelled(self):
+        self.cancel_checks += 1
+        return self.cancelled
+
+
+@pytest.fixture()
+def loop():
+    loop = ResponseLoop(cancellation_period_s=0.0)
+    yield loop
+    loop.close(5)
+
+
+def test_responses_go_out_in_order_and_the_stream_ends_once(loop):
+    log = []
+    transport = Transport("a", log)
+    stream = loop.open(transport, join_texts)
+    for piece in ("x", "y"):
+        stream.send(text(piece))
+    stream.send(text("end"), final=True)
+    stream.send(text("late"))
+    stream.send_error(RuntimeError("late"))
+    assert stream.closed and transport.done.wait(5)
+    assert loop.close(5)
+    assert "".join(t for _, t, _ in log) == "xyend" and log[-1][2] and [f for *_, f in log].count(True) == 1
+
+
+def test_responses_waiting_behind_a_send_are_merged(loop):
+    log, gate = [], threading.Event()
+    transport = Transport("a", log, gate)
+    stream = loop.open(transport, join_texts)
+    stream.send(text("0"))
+    assert transport.sending.wait(5)  # the loop is inside the first send now
+    for index in range(1, 10):
+        stream.send(text(str(index)))
+    assert loop.waiting() == 1, "the nine later responses wait as one"
+    stream.send(text("!"), final=True)  # the final response is never merged
+    gate.set()
+    assert transport.done.wait(5)
+    assert log == [("a", "0", False), ("a", "123456789", False), ("a", "!", True)]
+
+
+def test_responses_that_cannot_merge_go_apart(loop):
+    log, gate = [], threading.Event()
+    transport = Transport("a", log, gate)
+    stream = loop.open(transport, join_texts)
+    stream.send(text("0"))
+    assert transport.sending.wait(5)
+    stream.send(text("1"))
+    stream.send(text("2") | {"stop_merging": np.zeros(1)})
+    stream.send(text("3"), final=True)
+    gate.set()
+    assert transport.done.wait(5)
+    assert [t for _, t, _ in log] == ["0", "1", "2", "3"]
+
+
+def test_a_new_stream_is_served_before_running_ones(loop):
+    log, gate = [], threading.Event()
+    running_transport = Transport("running", log, gate)
+    running = loop.open(running_transport, join_texts)
+    running.send(text("r0"))
+    assert running_transport.sending.wait(5)  # the loop is inside r0's send
+    running.send(text("r1"))
+    new = loop.open(Transport("new", log, gate), join_texts)
+    new.send(text("n0"))
+    running.send(text("end"), final=True)
+    new.send(text("end"), final=True)
+    gate.set()
+    assert running_transport.done.wait(5)
+    assert [t for name, t, _ in log if t != "end"] == ["r0", "n0", "r1"], "a first token must not wait behind r1"
+
+
+def test_a_failed_send_ends_that_stream_only(loop):
+    log = []
+    broken = Transport("broken", log, fail_at=1)
+    healthy = Transport("healthy", log)
+    stream = loop.open(broken, join_texts)
+    other = loop.open(healthy, join_texts)
+    stream.send(text("a"))
+    while not log:
+        threading.Event().wait(0.01)
+    stream.send(text("b"))  # fails
+    assert broken.done.wait(5)
+    assert stream.is_cancelled(), "the producer must learn that its stream is gone (and stop its engine)"
+    assert log[-1] == ("broken", "error: the client's connection broke", True)
+    other.send(text("still served"), final=True)
+    assert healthy.done.wait(5)
+
+
+def test_cancellation_is_asked_by_the_loop_after_sends():
+    loop = ResponseLoop(cancellation_period_s=60.0)
+    try:
+        log = []
+        transport = Transport("a", log)
+        stream = loop.open(transport, join_texts)
+        transport.cancelled = True
+        stream.send(text("a"))
+        for _ in range(100):
+            stream.send(text("b"))
+        stream.send(text("end"), final=True)
+        assert transport.done.wait(5)
+        assert stream.is_cancelled()
+        assert transport.cancel_checks == 1, "at most once per period"
+        assert log[-1] == ("a", "end", True), "a cancelled stream still gets its final response"
+        assert ("a", "b", False) not in log, "nothing but the final response after a cancellation"
+    finally:
+        loop.close(5)
+
+
+def test_close_sends_what_waits():
+    loop = ResponseLoop()
+    log, gate = [], threading.Event()
+    transport = Transport("a", log, gate)
+    stream = loop.open(transport, join_texts)
+    stream.send(text("0"))
+    assert transport.sending.wait(5)
+    stream.send(text("1"), final=True)
+    closing = threading.Thread(target=loop.close, args=(5,))
+    closing.start()
+    gate.set()
+    closing.join(5)
+    assert log == [("a", "0", False), ("a", "1", True)]
