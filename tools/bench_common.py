@@ -125,8 +125,10 @@ class LoadRun:
     server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see testkit.processes.cpu_seconds)
 
 
-def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]]) -> LoadRun:
-    """`clients` threads, each with its own connection, start together and run `work(session, index)`."""
+def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]],
+                stagger_s: float = 0.0) -> LoadRun:
+    """`clients` threads, each with its own connection, start together and run `work(session, index)`;
+    with `stagger_s`, client i starts i/clients of it later (arrivals spread, as in steady traffic)."""
     start = threading.Barrier(clients + 1)
     results: list[list[T] | BaseException] = [[] for _ in range(clients)]
 
@@ -134,6 +136,7 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
         session = HttpSession(http_url)
         try:
             start.wait()
+            time.sleep(stagger_s * index / clients)
             results[index] = work(session, index)
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller's thread
             results[index] = error
@@ -155,12 +158,14 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
 
 
 # -- streamed load ------------------------------------------------------------------------------------------
-def stream_load(server: TritonServer, model: str, clients: int, rounds: int, body_for: Callable[[int], dict]) -> LoadRun:
-    """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i)).
-    The results are in client order: trace j is client j // rounds's."""
+def stream_load(server: TritonServer, model: str, clients: int, rounds: int, body_for: Callable[[int], dict],
+                stagger_s: float = 0.0) -> LoadRun:
+    """`clients` concurrent clients, each streaming `rounds` requests back to back (client i sends body_for(i),
+    starting at stagger_s * i / clients). The results are in client order: trace j is client j // rounds's."""
     cpu_before = cpu_seconds(server.process.pid)
     run = run_clients(server.http_url, clients,
-                      lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)])
+                      lambda session, index: [session.generate_stream(model, body_for(index)) for _ in range(rounds)],
+                      stagger_s)
     cpu_after = cpu_seconds(server.process.pid)
     run.server_cpu_s = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
     return run
