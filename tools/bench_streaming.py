@@ -15,6 +15,12 @@ rate the engine hop carries here, and the clients' starts spread over one stream
 
 from __future__ import annotations
 
+import threading
+import time
+
+import numpy as np
+
+from bls.engine_streams import EngineStreams
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
@@ -49,6 +55,28 @@ def _tokens_per_s(run: LoadRun) -> float:
 def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
     seconds = sum(s for name, s in run.server_cpu_s.items() if name.startswith(prefix))
     return seconds / (STREAM_TOKENS * len(run.results)) * 1e6
+
+
+def _grpc_receive_us_per_token(grpc_url: str, streams: int, prompt_ids: list[int]) -> float:
+    """CPU of this process per token received over gRPC by `streams` threads reading engine streams as the BLS
+    does (bls.engine_streams), doing nothing else: the least a BLS process pays per token for its engine hop."""
+    inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
+              "request_output_len": np.array([[STREAM_TOKENS]], np.int32), "end_id": np.array([[-1]], np.int32),
+              "streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
+    engine = EngineStreams(grpc_url)
+    received = [0] * streams
+
+    def read(index: int) -> None:
+        for response in engine.stream("tensorrt_llm", inputs, ["output_ids", "sequence_length"]):
+            received[index] += response["output_ids"].size if "output_ids" in response else 0
+
+    threads = [threading.Thread(target=read, args=(index,)) for index in range(streams)]
+    began = time.process_time()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return (time.process_time() - began) / max(1, sum(received)) * 1e6
 
 
 def _repo(ctx: BenchContext, name: str, step_ms: float):
@@ -95,6 +123,10 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
         bls = runs["tensorrt_llm_bls"]
+        if clients == 64:
+            rows.append(Row(f"{clients:>3} streams: CPU per token, receiving engine streams over gRPC alone",
+                            _grpc_receive_us_per_token(server.grpc_url, clients, bodies["tensorrt_llm"]["input_ids"]),
+                            "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
         rows.append(Row(f"{clients:>3} streams: CPU per token, tritonserver (BLS run)",
