@@ -7,6 +7,7 @@ test asserts is what Triton 2.51 + this repository actually do; docs/operations.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -166,6 +167,13 @@ def test_engine_error_mid_generation_reaches_bls_clients(server):
 
 # ---- (c) a huge input -------------------------------------------------------------------------------------------
 
+def _in_flight_at_shutdown(server: TritonServer) -> list[str]:
+    """The models tritonserver still counted as in flight when it was stopped (from its shutdown log)."""
+    log = server.log_path.read_text()
+    assert "Waiting for in-flight requests to complete" in log  # the shutdown did look
+    return [line.split("] ", 1)[-1] for line in log.splitlines() if "has " in line and " in-flight inferences" in line]
+
+
 def test_engine_errors_leave_nothing_in_flight(synthetic_repo, tmp_path):
     """An engine error ends its stream in one response. Sent apart from the FINAL flag, Triton 2.51's ensemble
     counted each such request as in flight forever, and shutdown waited out --exit-timeout-secs."""
@@ -174,14 +182,28 @@ def test_engine_errors_leave_nothing_in_flight(synthetic_repo, tmp_path):
         with pytest.raises(HttpError, match="exceeds the engine's max_seq_len"):  # before any token
             generate(server.http_url, "ensemble", {"text_input": "hi", "max_tokens": 100_000}, timeout=HUNG_AFTER_S)
         with pytest.raises(HttpError, match="internal error"):  # after two tokens
-            generate_stream(server.http_url, "ensemble", {"text_input": "hi", "max_tokens": 10, "stream": True,
-                                                          **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
-        with pytest.raises(HttpError, match="internal error"):
             generate_stream(server.http_url, BLS, {"text_input": "hi", "max_tokens": 10, "stream": True,
                                                    **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
-    log = server.log_path.read_text()
-    assert "Waiting for in-flight requests to complete" in log  # the shutdown did look
-    assert " in-flight inferences\"" not in log.replace("Found 0 model versions that have in-flight inferences", "")
+    assert _in_flight_at_shutdown(server) == []
+
+
+def test_an_ensemble_stream_failing_mid_generation_is_released(synthetic_repo, tmp_path):
+    """The engine fails after two tokens while the ensemble's postprocessing steps for them may still run.
+    Triton 2.51's ensemble then keeps the request in flight forever when a step completes after the failure: it
+    stopped processing completed steps once failed, so its in-flight step count never reached 0 (fixed in Triton
+    core #466, 2026-02, "Ensemble requests stuck indefinitely ...": the pinned 26.07 container has it). A race:
+    about one run in four here. On 2.51 a leak is that known upstream failure; on any other server it fails."""
+    server = TritonServer(synthetic_repo, log_path=tmp_path / "tritonserver.log")
+    with server:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as response:
+            version = json.load(response)["version"]
+        with pytest.raises(HttpError, match="in ensemble 'ensemble', tensorrt_llm: internal error"):
+            generate_stream(server.http_url, "ensemble", {"text_input": "hi", "max_tokens": 10, "stream": True,
+                                                          **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
+    leaked = _in_flight_at_shutdown(server)
+    if leaked and version == "2.51.0":
+        pytest.xfail(f"Triton 2.51 ensemble race (core #466): {leaked[0]}")
+    assert leaked == []
 
 
 def test_huge_input_is_refused_and_the_server_keeps_serving(server):
