@@ -47,7 +47,7 @@ class Transport(Protocol):
 
 @dataclass
 class _Outgoing:
-    outputs: Tensors | None  # None: an error response
+    outputs: Tensors | None  # None: an error response (always final)
     final: bool
     error: BaseException | None = None
 
@@ -83,13 +83,13 @@ class QueuedStream:
         """What Triton said at the last check (the loop asks), or True when sending failed. Never blocks."""
         return self._cancelled
 
-    # -- on the loop's thread ---------------------------------------------------------------------------
     def _absorb(self, item: _Outgoing) -> bool:
-        """Merge a streamed response into the one still waiting, if any (called with the loop's lock)."""
+        """Merge a streamed response into the one still waiting, if any (on the sending stream's thread, with
+        the loop's lock). Final responses, errors among them, are never merged."""
         if item.final or not self._waiting:
             return False
         last = self._waiting[-1]
-        if last.final or last.outputs is None:
+        if last.final:
             return False
         merged = self._merge(last.outputs, item.outputs)
         if merged is None:
@@ -97,6 +97,7 @@ class QueuedStream:
         last.outputs = merged
         return True
 
+    # -- on the loop's thread ---------------------------------------------------------------------------
     def _transmit(self, items: list[_Outgoing]) -> None:
         for item in items:
             if self._cancelled and not item.final:
