@@ -1,4 +1,4 @@
-"""One thread sends every streamed response of a BLS process, and merges what waits for it.
+"""A few threads send every streamed response of a BLS process, and merge what waits for them.
 
 Why: a send is a synchronous round trip from the Python backend stub to tritonserver, and it must hold
 PB_LOCK (the stub is not safe against pb_utils calls from several threads). With one engine response per
@@ -13,14 +13,19 @@ response waiting and the client receives the same text in fewer responses when s
 sending keeps up, every response goes out as queued: one per token. Streams that have sent nothing yet go
 first, so a new request's first token does not wait for a round of every running stream.
 
-Cancellation is asked of Triton here too, right after a stream's send, at most once per period per stream
-(bls.cancellation); the stream's own thread reads the answer without any call.
+The loop may run several sending threads: their sends are still serialised by PB_LOCK, but after each round
+trip a thread must win the GIL back from the streams' threads, and while it waits another one sends. A
+stream is taken by one thread at a time, so its responses stay in order.
+
+Cancellation is asked of Triton here too, right after a stream's send (not after its final one), at most once
+per period per stream (bls.cancellation); the stream's own thread reads the answer without any call.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
@@ -42,7 +47,8 @@ class Transport(Protocol):
 
     def send_error(self, error: BaseException) -> None: ...
 
-    def is_cancelled(self) -> bool: ...
+    def is_cancelled(self, wait: bool = False) -> bool:
+        """Asks Triton whether the client has gone; wait=True: even while another call holds the stub."""
 
 
 @dataclass
@@ -59,13 +65,13 @@ class QueuedStream:
         self._loop = loop
         self._transport = transport
         self._merge = merge
-        self._cancellation = CancellationPoll(transport.is_cancelled, cancellation_period_s)
+        self._cancellation = CancellationPoll(lambda: transport.is_cancelled(wait=True), cancellation_period_s)
         # Guarded by the loop's lock:
         self._waiting: list[_Outgoing] = []
         self._queued = False  # in one of the loop's ready queues
         self._final_queued = False
         self._sent_any = False
-        # Written by the loop thread only; a bool read is atomic.
+        # Written by the sending thread that has the stream; a bool read is atomic.
         self._cancelled = False
 
     @property
@@ -97,7 +103,7 @@ class QueuedStream:
         last.outputs = merged
         return True
 
-    # -- on the loop's thread ---------------------------------------------------------------------------
+    # -- on a sending thread (one at a time per stream) ------------------------------------------------------
     def _transmit(self, items: list[_Outgoing]) -> None:
         for item in items:
             if self._cancelled and not item.final:
@@ -113,7 +119,8 @@ class QueuedStream:
                 if not item.final:
                     self._end_with(error)
                 return
-        self._cancelled = self._cancelled or self._cancellation()
+        if not items[-1].final:  # after the final response nothing is left to stop
+            self._cancelled = self._cancelled or self._cancellation()
 
     def _end_with(self, error: BaseException) -> None:
         try:
@@ -123,32 +130,37 @@ class QueuedStream:
 
 
 class ResponseLoop:
-    """The sending thread of one process. `open` a stream per request; `close` at unload sends what waits."""
+    """The sending threads of one process. `open` a stream per request; `close` at unload sends what waits."""
 
-    def __init__(self, name: str = "bls-send", cancellation_period_s: float = CANCELLATION_CHECK_PERIOD_S):
+    def __init__(self, name: str = "bls-send", cancellation_period_s: float = CANCELLATION_CHECK_PERIOD_S,
+                 threads: int = 1):
         self._cancellation_period_s = cancellation_period_s
         self._lock = threading.Condition()
         self._new: deque[QueuedStream] = deque()  # streams that have sent nothing yet: first tokens go first
         self._running: deque[QueuedStream] = deque()
+        self._sending: set[QueuedStream] = set()  # taken by a sending thread now
         self._open = True
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
+        self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)]
+        for thread in self._threads:
+            thread.start()
 
     def open(self, transport: Transport, merge: Merge) -> QueuedStream:
         return QueuedStream(self, transport, merge, self._cancellation_period_s)
 
     def close(self, timeout_s: float = 10.0) -> bool:
-        """Send what is queued, then stop the thread. False if it did not finish within timeout_s."""
+        """Send what is queued, then stop the threads. False if they did not finish within timeout_s."""
         with self._lock:
             self._open = False
-            self._lock.notify()
-        self._thread.join(timeout_s)
-        return not self._thread.is_alive()
+            self._lock.notify_all()
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     def waiting(self) -> int:
         """Responses queued and not yet sent (for tests and logs)."""
         with self._lock:
-            return sum(len(stream._waiting) for stream in (*self._new, *self._running))
+            return sum(len(stream._waiting) for stream in {*self._new, *self._running, *self._sending})
 
     def _enqueue(self, stream: QueuedStream, item: _Outgoing) -> None:
         with self._lock:
@@ -158,7 +170,7 @@ class ResponseLoop:
             if stream._absorb(item):
                 return
             stream._waiting.append(item)
-            if not stream._queued:
+            if not stream._queued and stream not in self._sending:  # else its sending thread queues it
                 stream._queued = True
                 (self._running if stream._sent_any else self._new).append(stream)
                 self._lock.notify()
@@ -173,5 +185,12 @@ class ResponseLoop:
                 stream = self._new.popleft() if self._new else self._running.popleft()
                 items, stream._waiting = stream._waiting, []
                 stream._queued = False
+                self._sending.add(stream)
                 stream._sent_any = True
             stream._transmit(items)
+            with self._lock:
+                self._sending.discard(stream)
+                if stream._waiting and not stream._queued:  # what came while this thread sent
+                    stream._queued = True
+                    self._running.append(stream)
+                    self._lock.notify()

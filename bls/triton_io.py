@@ -175,6 +175,8 @@ class SafeSender:
     def __init__(self, request: Any, model_name: str):
         with PB_LOCK:
             self._sender = request.get_response_sender()
+            # Triton lists every output here when the client named none.
+            self._requested = frozenset(request.requested_output_names())
         self._model_name = model_name
         self._closed = False
         self._cancelled = False
@@ -183,13 +185,17 @@ class SafeSender:
     def closed(self) -> bool:
         return self._closed
 
-    def is_cancelled(self) -> bool:
-        """Never blocks: while a send is in progress, the answer of the previous check is returned.
+    def is_cancelled(self, wait: bool = False) -> bool:
+        """Whether the client has gone (a round trip to Triton).
 
-        The engine polls this (through bls.cancellation.CancellationPoll) while it generates; waiting for a
-        send to finish would tie generation to sending.
+        wait=False never blocks: while another pb_utils call of this process is in progress, the answer of the
+        previous check is returned. The embedded engine polls so (bls.cancellation.CancellationPoll) from
+        its scheduler: waiting for a send to finish would tie generation to sending.
+        wait=True always asks: the BLS's sending threads, whose checks are rare, each after a send. Answering
+        them from a previous check while the lock was busy (it is, most of the time, under load) left
+        generations of clients that had gone running for seconds.
         """
-        if not PB_LOCK.acquire(blocking=False):
+        if not PB_LOCK.acquire(blocking=wait):
             return self._cancelled
         try:
             self._cancelled = self._closed or self._sender.is_cancelled()
@@ -198,7 +204,14 @@ class SafeSender:
             PB_LOCK.release()
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
-        self._send(lambda: make_response(outputs), final)
+        """Only the outputs the client asked for go into the response. The stub would drop the others itself,
+        but inside ResponseSender::Send with the GIL released (python_backend src/response_sender.cc, from
+        24.10 up to main of 2026-07, so also in the 26.07 container): a dropped BYTES output frees the numpy
+        array the stub serialised it into, a Python deallocation without the GIL that corrupts the allocator
+        while other threads run Python. That killed the BLS stub (SIGSEGV in libpython) under the soak's gRPC
+        clients, which ask for text_output alone."""
+        self._send(lambda: make_response({name: value for name, value in outputs.items() if name in self._requested}),
+                   final)
 
     def send_error(self, error: BaseException) -> None:
         """The error, as the stream's final response.

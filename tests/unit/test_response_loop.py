@@ -44,7 +44,8 @@ class Transport:
         self.log.append((self.name, f"error: {error}", True))
         self.done.set()
 
-    def is_cancelled(self):
+    def is_cancelled(self, wait=False):
+        assert wait, "the sending thread's check must not be answered from an earlier one"
         self.cancel_checks += 1
         return self.cancelled
 
@@ -135,21 +136,55 @@ def test_a_failed_send_ends_that_stream_only(loop):
 def test_cancellation_is_asked_by_the_loop_after_sends():
     loop = ResponseLoop(cancellation_period_s=60.0)
     try:
-        log = []
-        transport = Transport("a", log)
+        log, gate = [], threading.Event()
+        transport = Transport("a", log, gate)
         stream = loop.open(transport, join_texts)
-        transport.cancelled = True
         stream.send(text("a"))
+        assert transport.sending.wait(5)  # "a" goes out alone; the client leaves while it is sent
+        transport.cancelled = True
         for _ in range(100):
             stream.send(text("b"))
         stream.send(text("end"), final=True)
+        gate.set()
         assert transport.done.wait(5)
         assert stream.is_cancelled()
         assert transport.cancel_checks == 1, "at most once per period"
-        assert log[-1] == ("a", "end", True), "a cancelled stream still gets its final response"
-        assert ("a", "b", False) not in log, "nothing but the final response after a cancellation"
+        assert log == [("a", "a", False), ("a", "end", True)], \
+            "nothing but the final response after a cancellation, and that one still goes"
     finally:
         loop.close(5)
+
+
+def test_cancellation_is_not_asked_once_the_stream_has_ended():
+    """Each ask is a round trip to Triton: after the final response nothing is left to stop."""
+    loop = ResponseLoop(cancellation_period_s=0.0)
+    try:
+        transport = Transport("a", [])
+        loop.open(transport, join_texts).send(text("all"), final=True)
+        assert transport.done.wait(5)
+        assert transport.cancel_checks == 0
+    finally:
+        loop.close(5)
+
+
+def test_several_sending_threads_keep_each_stream_in_order():
+    loop = ResponseLoop(cancellation_period_s=0.0, threads=4)
+    try:
+        log = []
+        transports = [Transport(f"s{i}", log) for i in range(16)]
+        streams = [loop.open(transport, join_texts) for transport in transports]
+        for index in range(200):
+            for stream in streams:
+                stream.send(text(f"{index},"))
+        for stream in streams:
+            stream.send(text("end"), final=True)
+        assert all(transport.done.wait(5) for transport in transports)
+        for transport in transports:
+            sent = [entry for entry in log if entry[0] == transport.name]
+            assert "".join(entry[1] for entry in sent) == "".join(f"{i}," for i in range(200)) + "end"
+            assert [entry[2] for entry in sent].count(True) == 1 and sent[-1][2]
+    finally:
+        assert loop.close(5)
 
 
 def test_close_sends_what_waits():

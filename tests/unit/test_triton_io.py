@@ -84,6 +84,7 @@ class RecordingSender:
         self.sending = threading.Event()
         self.release = threading.Event()
         self.release.set()
+        self.cancelled = False
 
     def send(self, response=None, flags=0):
         self.sending.set()
@@ -91,14 +92,18 @@ class RecordingSender:
         self.sent.append((response, flags))
 
     def is_cancelled(self):
-        return False
+        return self.cancelled
 
 
 class Request:
-    def __init__(self, tensors=None, parameters="{}"):
+    def __init__(self, tensors=None, parameters="{}", requested_outputs=("x", "text_output", "finish_reason")):
         self.tensors = {k: _Tensor(k, v) for k, v in (tensors or {}).items()}
         self.sender = RecordingSender()
         self._parameters = parameters
+        self._requested_outputs = list(requested_outputs)
+
+    def requested_output_names(self):
+        return self._requested_outputs
 
     def parameters(self):
         return self._parameters
@@ -158,6 +163,37 @@ def test_is_cancelled_never_waits_for_a_send(triton_io):
     assert answered.wait(2), "is_cancelled blocked behind a send in progress"
     request.sender.release.set()
     sending.join(5)
+
+
+def test_is_cancelled_with_wait_asks_even_while_a_send_is_in_progress(triton_io):
+    """The BLS's sending threads ask so: an answer from an earlier check kept gone clients' engines running."""
+    request = Request()
+    request.sender.release.clear()
+    sender = triton_io.SafeSender(request, "m")
+    assert not sender.is_cancelled()
+    sending = threading.Thread(target=sender.send, args=({"x": np.zeros(1)},))
+    sending.start()
+    assert request.sender.sending.wait(5)
+    request.sender.cancelled = True
+    assert not sender.is_cancelled(), "without wait: the previous answer while the send holds the stub"
+    answer = []
+    asking = threading.Thread(target=lambda: answer.append(sender.is_cancelled(wait=True)))
+    asking.start()
+    request.sender.release.set()
+    asking.join(5)
+    sending.join(5)
+    assert answer == [True]
+
+
+def test_only_requested_outputs_are_handed_to_the_stub(triton_io):
+    """The stub drops the others with the GIL released, freeing Python objects without it (a libpython
+    segfault under load): the sender leaves them out itself."""
+    request = Request(requested_outputs=["text_output"])
+    sender = triton_io.SafeSender(request, "m")
+    sender.send({"text_output": np.array([b"hi"], dtype=object), "finish_reason": np.array([b"stop"], dtype=object),
+                 "num_output_tokens": np.array([[1]], np.int32)}, final=True)
+    (response, flags), = request.sender.sent
+    assert [tensor.name() for tensor in response.output_tensors] == ["text_output"] and flags == 1
 
 
 def test_metric_families_are_created_once_and_kept(triton_io):
