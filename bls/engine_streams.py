@@ -29,7 +29,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from bls.contract import TENSORRT_LLM
-from bls.errors import ModelStepError
+from bls.errors import GenerationCancelled, ModelStepError
 
 Tensors = dict[str, np.ndarray]
 
@@ -85,6 +85,19 @@ class EngineStreams:
         self.url = url
         self._lock = threading.Lock()
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
+        self._open_calls: dict[str, grpc.Call] = {}  # by request id, for cancel()
+        self._cancelled_ids: set[str] = set()
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel, from any thread, the open streams of `request_id` and of its children (ids
+        "`request_id`-..."): their readers get GenerationCancelled now, not at the engine's next response,
+        and Triton cancels the requests in the engine."""
+        with self._lock:
+            calls = [(rid, call) for rid, call in self._open_calls.items()
+                     if rid == request_id or rid.startswith(f"{request_id}-")]
+            self._cancelled_ids.update(rid for rid, _ in calls)
+        for _, call in calls:
+            call.cancel()
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterator[Tensors]:
@@ -95,6 +108,9 @@ class EngineStreams:
         request = _infer_request(model_name, inputs, outputs, request_id)
         # One request, then the client half-closes: the call ends after the request's final response.
         call = self._service().ModelStreamInfer(iter([request]))
+        if request_id:
+            with self._lock:
+                self._open_calls[request_id] = call
         try:
             for response in call:
                 if response.error_message:
@@ -103,6 +119,10 @@ class EngineStreams:
         except grpc.RpcError as error:
             code = error.code()
             if code == grpc.StatusCode.CANCELLED:
+                with self._lock:
+                    by_cancel = request_id in self._cancelled_ids
+                if by_cancel:
+                    raise GenerationCancelled(request_id) from None
                 return
             detail = error.details() or str(code)
             if code == grpc.StatusCode.UNAVAILABLE:
@@ -113,6 +133,10 @@ class EngineStreams:
             raise ModelStepError(model_name, detail, kind=error_kind(detail)) from None
         finally:
             call.cancel()  # no-op once the call has ended; stops the engine when the caller stopped early
+            if request_id:
+                with self._lock:
+                    self._open_calls.pop(request_id, None)
+                    self._cancelled_ids.discard(request_id)
 
     def _service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
         # Connected at first use: tritonserver opens its gRPC endpoint only after every model has loaded.

@@ -17,6 +17,11 @@ class Unavailable(RuntimeError):
     UNAVAILABLE error (HTTP 503): the client may retry, here or on another replica."""
 
 
+class GenerationCancelled(Exception):
+    """An engine stream was cancelled because its client went away (EngineStreams.cancel): the generation
+    stops its engine and ends with finish_reason "cancelled"; never an error for anyone."""
+
+
 class ModelStepError(RuntimeError):
     """A model this one called (preprocessing, the engine, the draft...) answered with an error.
 

@@ -71,8 +71,9 @@ class QueuedStream:
         self._queued = False  # in one of the loop's ready queues
         self._final_queued = False
         self._sent_any = False
-        # Written by the sending thread that has the stream; a bool read is atomic.
+        # Set once, by the sending thread that has the stream (under the loop's lock); a bool read is atomic.
         self._cancelled = False
+        self._on_cancelled: Callable[[], None] | None = None
 
     @property
     def closed(self) -> bool:
@@ -88,6 +89,16 @@ class QueuedStream:
     def is_cancelled(self) -> bool:
         """What Triton said at the last check (the loop asks), or True when sending failed. Never blocks."""
         return self._cancelled
+
+    def when_cancelled(self, callback: Callable[[], None]) -> None:
+        """Run `callback` as soon as the loop learns that the client has gone (on a sending thread; it must not
+        block), or now if it already has. The stream's producer may be waiting for its engine's next response
+        and would only see is_cancelled() then: this is how it is interrupted at once."""
+        with self._loop._lock:
+            if not self._cancelled:
+                self._on_cancelled = callback
+                return
+        callback()
 
     def _absorb(self, item: _Outgoing) -> bool:
         """Merge a streamed response into the one still waiting, if any (on the sending stream's thread, with
@@ -115,12 +126,24 @@ class QueuedStream:
                     self._transport.send(item.outputs, final=item.final)
             except Exception as error:  # noqa: BLE001 - one broken stream must not stop the loop
                 log.warning("sending a response failed (%s: %s); the stream stops", type(error).__name__, error)
-                self._cancelled = True
+                self._mark_cancelled()
                 if not item.final:
                     self._end_with(error)
                 return
-        if not items[-1].final:  # after the final response nothing is left to stop
-            self._cancelled = self._cancelled or self._cancellation()
+        if not self._cancelled and not items[-1].final and self._cancellation():  # after the final: nothing to stop
+            self._mark_cancelled()
+
+    def _mark_cancelled(self) -> None:
+        with self._loop._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callback, self._on_cancelled = self._on_cancelled, None
+        if callback is not None:
+            try:
+                callback()
+            except Exception:  # noqa: BLE001 - the stream still ends; its producer sees is_cancelled()
+                log.exception("interrupting the generation of a cancelled stream failed")
 
     def _end_with(self, error: BaseException) -> None:
         try:

@@ -191,9 +191,9 @@ class SafeSender:
         wait=False never blocks: while another pb_utils call of this process is in progress, the answer of the
         previous check is returned. The embedded engine polls so (bls.cancellation.CancellationPoll) from
         its scheduler: waiting for a send to finish would tie generation to sending.
-        wait=True always asks: the BLS's sending threads, whose checks are rare, each after a send. Answering
-        them from a previous check while the lock was busy (it is, most of the time, under load) left
-        generations of clients that had gone running for seconds.
+        wait=True always asks: the BLS's sending threads, whose checks are rare, each after a send. Answered from
+        an earlier check whenever the lock was busy (under load, most of the time: sends hold it), a client
+        that had gone was missed check after check.
         """
         if not PB_LOCK.acquire(blocking=wait):
             return self._cancelled
@@ -351,6 +351,12 @@ class ChildModels:
                     tensors[name] = value.copy()
             del response, child
             return tensors
+
+    def cancel(self, request_id: str) -> None:
+        """Cancel the engine streams of `request_id` and its children now (their readers get
+        GenerationCancelled). Non-decoupled engines are called without streams: nothing to cancel."""
+        if self._engine_streams is not None:
+            self._engine_streams.cancel(request_id)
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]:

@@ -22,6 +22,7 @@ from typing import Callable, Iterable, Mapping, Protocol
 
 import numpy as np
 
+from bls.errors import GenerationCancelled
 from bls.finish_reason import FinishReason
 from bls.token_ids import common_prefix_length
 from bls.word_lists import WordList
@@ -70,31 +71,37 @@ class DraftTargetDecoder:
         generated: list[int] = []
         stats = SpeculationStats()
 
-        while len(generated) < max_tokens:
-            k = min(num_draft_tokens, max_tokens - len(generated) - 1)
-            draft = self._call(self.draft_model, draft_common, sequence, k, f"{request_id}-d{stats.rounds}") if k > 0 else []
-            target_inputs = dict(target_common)
-            if draft:
-                target_inputs["draft_input_ids"] = np.array([draft], dtype=np.int32)
-            if min_tokens > len(generated):
-                target_inputs["min_tokens"] = np.array([[min_tokens - len(generated)]], dtype=np.int32)
-            new = self._call(self.target_model, target_inputs, sequence, len(draft) + 1, f"{request_id}-t{stats.rounds}")
+        try:
+            while len(generated) < max_tokens:
+                k = min(num_draft_tokens, max_tokens - len(generated) - 1)
+                draft = (self._call(self.draft_model, draft_common, sequence, k, f"{request_id}-d{stats.rounds}")
+                         if k > 0 else [])
+                target_inputs = dict(target_common)
+                if draft:
+                    target_inputs["draft_input_ids"] = np.array([draft], dtype=np.int32)
+                if min_tokens > len(generated):
+                    target_inputs["min_tokens"] = np.array([[min_tokens - len(generated)]], dtype=np.int32)
+                new = self._call(self.target_model, target_inputs, sequence, len(draft) + 1,
+                                 f"{request_id}-t{stats.rounds}")
 
-            stats.rounds += 1
-            stats.draft_tokens += len(draft)
-            accepted = common_prefix_length(draft, new)
-            stats.accepted_tokens += accepted
-            # Not stopped: k+1 tokens (filled), or exactly the accepted ones plus the target's own.
-            engine_stopped = len(new) < len(draft) + 1 and len(new) != min(accepted, len(draft)) + 1
-            new, hit_stop_word = stop_words.truncate_after_first(generated, new)
-            generated += new
-            sequence += new
-            if not on_tokens(new, {}):
-                stats.finish_reason = FinishReason.CANCELLED
-                return stats
-            if engine_stopped or hit_stop_word:
-                stats.finish_reason = FinishReason.STOP
-                return stats
+                stats.rounds += 1
+                stats.draft_tokens += len(draft)
+                accepted = common_prefix_length(draft, new)
+                stats.accepted_tokens += accepted
+                # Not stopped: k+1 tokens (filled), or exactly the accepted ones plus the target's own.
+                engine_stopped = len(new) < len(draft) + 1 and len(new) != min(accepted, len(draft)) + 1
+                new, hit_stop_word = stop_words.truncate_after_first(generated, new)
+                generated += new
+                sequence += new
+                if not on_tokens(new, {}):
+                    stats.finish_reason = FinishReason.CANCELLED
+                    return stats
+                if engine_stopped or hit_stop_word:
+                    stats.finish_reason = FinishReason.STOP
+                    return stats
+        except GenerationCancelled:  # the client went away during a round (bls.engine_streams.EngineStreams.cancel)
+            stats.finish_reason = FinishReason.CANCELLED
+            return stats
         stats.finish_reason = FinishReason.LENGTH
         return stats
 

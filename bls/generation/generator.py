@@ -25,7 +25,7 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs
-from bls.errors import InvalidRequest, ModelStepError
+from bls.errors import GenerationCancelled, InvalidRequest, ModelStepError
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
 from bls.word_lists import WordList
@@ -56,6 +56,9 @@ class ModelCaller(Protocol):
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]: ...
+
+    def cancel(self, request_id: str) -> None:
+        """Make the open streams of `request_id` and its children raise GenerationCancelled now."""
 
 
 class ResponseSink(Protocol):
@@ -214,6 +217,11 @@ class TextGenerator:
         self._running_children: set[str] = set()
         self._children_lock = threading.Lock()
 
+    def cancel(self, request_id: str) -> None:
+        """The client of `request_id` has gone: its engine streams stop now (each then stops its engine and the
+        request ends as cancelled) instead of at the engine's next response, which under load comes late."""
+        self.models.cancel(request_id)
+
     def stop_running_engines(self) -> None:
         """Stop every engine generation still running (unload): nothing keeps generating for nobody."""
         with self._children_lock:
@@ -306,6 +314,8 @@ class TextGenerator:
                     return FinishReason.CANCELLED
             finished = True
             return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
+        except GenerationCancelled:
+            return FinishReason.CANCELLED
         finally:
             with self._children_lock:
                 self._running_children.discard(child_id)

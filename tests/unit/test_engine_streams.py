@@ -13,7 +13,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor
 
 from bls.engine_streams import EngineStreams, error_kind, grpc_url, grpc_url_of
-from bls.errors import ModelStepError
+from bls.errors import GenerationCancelled, ModelStepError
 
 
 class _Engine(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -87,6 +87,37 @@ def test_closing_the_stream_early_cancels_the_engine_request(engine):
     responses.close()
     assert servicer.cancelled.wait(5)
     servicer.release.set()
+
+
+def test_cancel_interrupts_a_reader_waiting_for_the_engine(engine):
+    """EngineStreams.cancel (the client went away): the reader stops now, not at the engine's next response,
+    and the engine request is cancelled; streams of other requests go on."""
+    servicer, streams = engine
+    servicer.tokens = list(range(100))
+    outcome = []
+
+    def read(request_id):
+        try:
+            for _ in streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)}, ["output_ids"],
+                                    request_id):
+                pass
+            outcome.append((request_id, "finished"))
+        except GenerationCancelled:
+            outcome.append((request_id, "cancelled"))
+
+    servicer.release.clear()  # the engine is slow: every reader waits for its next response
+    readers = [threading.Thread(target=read, args=(rid,)) for rid in ("req-1-0", "req-10-0")]
+    for reader in readers:
+        reader.start()
+    while len(servicer.requests) < 2:
+        threading.Event().wait(0.01)
+    streams.cancel("req-1")  # the children of req-1 (ids "req-1-..."), not those of req-10
+    readers[0].join(5)
+    assert outcome == [("req-1-0", "cancelled")]
+    assert servicer.cancelled.wait(5)
+    servicer.release.set()
+    readers[1].join(10)
+    assert outcome[-1] == ("req-10-0", "finished")
 
 
 def test_an_unreachable_endpoint_names_the_setting_to_fix():

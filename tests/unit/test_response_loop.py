@@ -200,3 +200,29 @@ def test_close_sends_what_waits():
     gate.set()
     closing.join(5)
     assert log == [("a", "0", False), ("a", "1", True)]
+
+
+def test_a_gone_client_interrupts_its_producer_once():
+    """when_cancelled: the producer may be waiting for its engine's next response; the loop calls it at once."""
+    loop = ResponseLoop(cancellation_period_s=0.0)
+    try:
+        transport = Transport("a", [])
+        stream = loop.open(transport, join_texts)
+        interrupted = []
+        stream.when_cancelled(lambda: interrupted.append("now"))
+        transport.cancelled = True
+        stream.send(text("a"))
+        deadline = threading.Event()
+        for _ in range(500):
+            if interrupted:
+                break
+            deadline.wait(0.01)
+        stream.send(text("b"))
+        stream.send(text("end"), final=True)
+        assert transport.done.wait(5)
+        assert interrupted == ["now"], "called once, when the loop learnt it"
+        late = []
+        stream.when_cancelled(lambda: late.append("now"))
+        assert late == ["now"], "a callback registered after the cancellation runs at once"
+    finally:
+        loop.close(5)

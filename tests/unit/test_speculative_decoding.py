@@ -127,3 +127,18 @@ def test_truncate_at_stop_word():
     assert WordList(((2, 3),)).truncate_after_first([1, 2], [3, 4, 5]) == ([3], True)
     assert WordList(((4,),)).truncate_after_first([1], [3, 4, 5]) == ([3, 4], True)
     assert WordList(((9,),)).truncate_after_first([1], [3, 4, 5]) == ([3, 4, 5], False)
+
+
+def test_a_round_cancelled_under_way_ends_the_generation_as_cancelled():
+    """EngineStreams.cancel makes an open round raise GenerationCancelled (the client went away)."""
+    from bls.errors import GenerationCancelled
+
+    class CancelledInThirdRound(FakeEngines):
+        def stream(self, model_name, inputs, outputs, request_id=""):
+            if len(self.calls) == 4:  # the third round's draft call
+                raise GenerationCancelled(request_id)
+            yield from super().stream(model_name, inputs, outputs, request_id)
+
+    tokens, stats = run(CancelledInThirdRound(), [5, 9, 11], 40, 2)
+    assert stats.finish_reason == "cancelled" and stats.rounds == 2
+    assert tokens == greedy_reference([5, 9, 11], 40)[:len(tokens)] and tokens

@@ -219,3 +219,41 @@ def test_unloading_stops_every_running_engine_child(bundle):
     generator.stop_running_engines()
     worker.join(5)
     assert models.stops and models.stops[0].endswith("-0")
+
+
+def test_a_gone_client_interrupts_the_wait_for_the_engine(bundle):
+    """TextGenerator.cancel (called when the response loop learns the client has gone): the stream waiting for
+    its engine's next response stops now, the engine gets a stop, and the request ends as cancelled."""
+    from bls.errors import GenerationCancelled
+
+    waiting = threading.Event()
+
+    class SlowEngine(ScriptedModels):
+        cancelled: set[str] = set()
+
+        def cancel(self, request_id):
+            self.cancelled.add(request_id)
+
+        def stream(self, model_name, inputs, outputs, request_id=""):
+            if "stop" in inputs:
+                self.stops.append(request_id)
+                return
+            yield {"output_ids": np.array([[[self.script[0]]]], np.int32), "sequence_length": np.array([[1]], np.int32)}
+            waiting.set()
+            for _ in range(500):  # the engine's next response would come late
+                if any(request_id.startswith(f"{prefix}-") for prefix in self.cancelled):
+                    raise GenerationCancelled(request_id)
+                threading.Event().wait(0.01)
+            raise AssertionError("never cancelled")
+
+    models = SlowEngine(bundle, bundle.tokenizer.encode(SCRIPT_TEXT, add_special_tokens=False))
+    generator = TextGenerator(CONFIG, models, bundle)
+    text_request, sink = request(stream=[[True]]), Sink()
+    worker = threading.Thread(target=generator.generate, args=(text_request, sink))
+    worker.start()
+    assert waiting.wait(5)
+    generator.cancel(text_request.request_id)
+    worker.join(5)
+    assert not worker.is_alive()
+    assert sink.responses[-1]["finish_reason"][0, 0] == b"cancelled"
+    assert models.stops == [f"{text_request.request_id}-0"], "the engine is told to stop"

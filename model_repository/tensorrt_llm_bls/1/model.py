@@ -117,6 +117,7 @@ class TritonPythonModel:
                 inputs = read_inputs(request, TENSORRT_LLM_BLS)
                 request_id = request.request_id()
             request = TextRequest.from_inputs(inputs, self.config, request_id)
+            sender.when_cancelled(lambda: self.generator.cancel(request.request_id))
             self.generator.generate(request, sender, arrived)
         except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
             sender.send_error(error)
