@@ -16,6 +16,7 @@ the FINAL flag rides on the response that ends the last row.
 from __future__ import annotations
 
 import threading
+import time
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
@@ -233,17 +234,26 @@ def merge_events(events: list[EngineEvent]) -> EngineEvent:
 
 
 class ResponseDispatcher:
-    """Sends responses on its own thread, so the engine never waits for Triton.
+    """Sends responses on its own thread, so the engine does not wait for each send.
 
     Events wait in a queue and go out in order, one response per engine step, as TensorRT-LLM's C++ backend
     streams (one response per generated token): what every benchmark and soak must load the layers above
     with. With `merge`, each round sends a sequence's waiting events as one response instead, so a CPU box
     whose sending falls behind generation catches up; a figure measured that way must say so.
+
+    The engine asks `wait_for_backlog` before each step: it waits while more than BACKLOG_STEPS steps of
+    responses are still to be sent. TensorRT-LLM's C++ backend sends as fast as it generates; this stand-in,
+    sending from Python on a few cores, cannot, and without the bound it queued responses without limit: in
+    the 2-core soak first tokens waited ~2.5 s behind the queue, and generations of clients that had gone ran
+    on until their queued tokens came out (twice the tokens generated per finished request).
     """
+
+    BACKLOG_STEPS = 2
 
     def __init__(self, merge: bool = False) -> None:
         self._merge = merge
         self._pending: dict[int, tuple[TritonRequestStream, list[EngineEvent]]] = {}
+        self._backlog = 0  # events submitted and not yet sent
         self._wakeup = threading.Condition()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="response-dispatcher", daemon=True)
@@ -252,16 +262,29 @@ class ResponseDispatcher:
     def submit(self, stream: TritonRequestStream, event: EngineEvent) -> None:
         key = id(event.request)
         with self._wakeup:
+            self._backlog += 1
             if key in self._pending:
                 self._pending[key][1].append(event)
             else:
                 self._pending[key] = (stream, [event])
             self._wakeup.notify()
 
+    def wait_for_backlog(self, events_per_step: int, timeout_s: float = 1.0) -> None:
+        """Block (the engine, before a step) while more than BACKLOG_STEPS steps of `events_per_step` responses
+        wait to be sent, for at most timeout_s: a send that hangs slows the engine down, never stops it."""
+        limit = self.BACKLOG_STEPS * max(events_per_step, 1)
+        deadline = time.monotonic() + timeout_s
+        with self._wakeup:
+            while self._running and self._backlog > limit:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._wakeup.wait(remaining)
+
     def shutdown(self) -> None:
         with self._wakeup:
             self._running = False
-            self._wakeup.notify()
+            self._wakeup.notify_all()
         self._thread.join(timeout=5)
 
     def _run(self) -> None:
@@ -279,3 +302,6 @@ class ResponseDispatcher:
                 else:
                     for event in events:
                         stream.on_event(event)
+                with self._wakeup:
+                    self._backlog -= len(events)
+                    self._wakeup.notify_all()  # an engine waiting in wait_for_backlog

@@ -143,6 +143,9 @@ class Engine:
         reuse: PrefixCacheLimits | None = PrefixCacheLimits(),  # None: no KV-cache reuse across requests
         step_s: float = 0.0,  # > 0: every iteration lasts at least this long, like a GPU decoding step
         max_queued: int = DEFAULT_MAX_QUEUED_REQUESTS,  # sequences that may wait for a slot beyond max_active
+        # Called before each iteration with the number of active sequences; blocks (bounded) while earlier
+        # iterations' responses still wait to be sent (embedded_engine.responses.ResponseDispatcher).
+        wait_for_sending: Callable[[int], None] | None = None,
     ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
@@ -151,6 +154,7 @@ class Engine:
         self._max_active = max_active
         self._max_queued = max_queued
         self._step_s = step_s
+        self._wait_for_sending = wait_for_sending
         self._failure: BaseException | None = None  # why the engine thread died, if it did
         self._draining = False
         self._prefix_cache = PrefixCache(reuse) if reuse else None
@@ -256,6 +260,8 @@ class Engine:
                     self._active.append(self._waiting.popleft())
                 waiting = list(self._waiting)
                 active = list(self._active)
+            if self._wait_for_sending is not None:
+                self._wait_for_sending(len(active))
             started = time.monotonic()
             for sequence in waiting:  # queued requests can be cancelled too
                 if self._cancelled(sequence):
@@ -381,7 +387,7 @@ class Engine:
 SYNTHETIC_MAX_SEQ_LEN = 8192
 
 
-def build_engine(settings: EngineSettings) -> Engine:
+def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], None] | None = None) -> Engine:
     """Load the checkpoint (or the synthetic runner) and start the engine thread."""
     runner: ModelRunner
     if settings.synthetic:
@@ -400,4 +406,4 @@ def build_engine(settings: EngineSettings) -> Engine:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
-                  max_queued=settings.max_queued_requests)
+                  max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending)

@@ -335,7 +335,7 @@ class TextGenerator:
                 "stop": np.array([[True]]),
             }, ["output_ids"], child_id):
                 pass
-        except ModelStepError as error:
+        except (ModelStepError, GenerationCancelled) as error:
             log.warning("could not stop engine request %s: %s", child_id, error)
 
     # -- final outputs -----------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 when sending falls behind generation and the deployment asked for merging."""
 
 import threading
+import time
 
 import numpy as np
 
@@ -94,3 +95,46 @@ def test_dispatcher_sends_one_response_per_step_by_default():
     finally:
         dispatcher.shutdown()
     assert sender.sent == [[1], [2], [3], [4], [5]]  # like the C++ backend: never merged
+
+
+def test_the_engine_waits_while_two_steps_of_responses_wait_to_be_sent():
+    """wait_for_backlog bounds what the stand-in queues for sending (TensorRT-LLM sends as fast as it
+    generates; a Python sender on few cores does not)."""
+    req = request()
+    sender = SlowSender()
+    stream = TritonRequestStream([req], sender, vocab_size=10)
+    dispatcher = ResponseDispatcher()
+    try:
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
+        assert sender.sending.wait(5)  # the first send hangs: its event and the next ones stay in the backlog
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[2]))
+        dispatcher.wait_for_backlog(events_per_step=1, timeout_s=5)  # 2 waiting: within two steps, no wait
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[3]))
+        waited = threading.Event()
+        engine = threading.Thread(target=lambda: (dispatcher.wait_for_backlog(1, timeout_s=5), waited.set()))
+        engine.start()
+        assert not waited.wait(0.3), "3 responses waiting for a 1-sequence engine: it must wait"
+        sender.release.set()  # sending catches up
+        assert waited.wait(5)
+        dispatcher.submit(stream, EngineEvent(req, token_ids=[4], finished=True, finish_reason="length"))
+        assert sender.done.wait(5)
+    finally:
+        dispatcher.shutdown()
+    assert sender.sent == [[1], [2], [3], [4]]
+
+
+def test_a_hung_send_slows_the_engine_down_but_never_stops_it():
+    req = request()
+    sender = SlowSender()  # never released
+    stream = TritonRequestStream([req], sender, vocab_size=10)
+    dispatcher = ResponseDispatcher()
+    try:
+        for token in range(5):
+            dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
+        assert sender.sending.wait(5)
+        started = time.monotonic()
+        dispatcher.wait_for_backlog(events_per_step=1, timeout_s=0.2)
+        assert 0.15 < time.monotonic() - started < 2
+    finally:
+        sender.release.set()
+        dispatcher.shutdown()

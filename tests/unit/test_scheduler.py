@@ -631,3 +631,17 @@ def test_drain_waits_for_running_sequences_and_refuses_new_ones():
             engine.submit(make_request([128000, 9906], 5, "b", limits=engine.limits), Collector())
     finally:
         engine.shutdown()
+
+
+def test_each_iteration_first_asks_whether_responses_wait_to_be_sent():
+    """wait_for_sending (the dispatcher's backlog bound) is asked before every step with the active count."""
+    asked = []
+    engine = build_engine(EngineSettings(synthetic=True, max_seq_len=1024, max_active_requests=4),
+                          wait_for_sending=asked.append)
+    try:
+        done = threading.Event()
+        engine.submit(make_request(PROMPTS[0], 5), lambda event: done.set() if event.finished else None)
+        assert done.wait(10)
+    finally:
+        engine.shutdown()
+    assert len(asked) >= 5 and set(asked) <= {0, 1} and 1 in asked

@@ -76,10 +76,10 @@ class TritonPythonModel:
             max_queued_requests=int(params.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS)),
             step_ms=float(params.get("step_ms", 0)),
         )
-        self._engine = build_engine(settings)
         # false (default): one response per engine step, as TensorRT-LLM streams; true: merge what waits.
         self._dispatcher = ResponseDispatcher(
             merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"))
+        self._engine = build_engine(settings, wait_for_sending=self._dispatcher.wait_for_backlog)
         labels = {"model": self._name}
         self._metrics = metrics = Metrics()
         self._generated_tokens = metrics.counter(
