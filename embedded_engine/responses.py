@@ -254,6 +254,7 @@ class ResponseDispatcher:
         self._merge = merge
         self._pending: dict[int, tuple[TritonRequestStream, list[EngineEvent]]] = {}
         self._backlog = 0  # events submitted and not yet sent
+        self._engine_waits_for: int | None = None  # the backlog an engine in wait_for_backlog waits for
         self._wakeup = threading.Condition()
         self._running = True
         self._thread = threading.Thread(target=self._run, name="response-dispatcher", daemon=True)
@@ -275,11 +276,15 @@ class ResponseDispatcher:
         limit = self.BACKLOG_STEPS * max(events_per_step, 1)
         deadline = time.monotonic() + timeout_s
         with self._wakeup:
-            while self._running and self._backlog > limit:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self._wakeup.wait(remaining)
+            try:
+                while self._running and self._backlog > limit:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return
+                    self._engine_waits_for = limit
+                    self._wakeup.wait(remaining)
+            finally:
+                self._engine_waits_for = None
 
     def shutdown(self) -> None:
         with self._wakeup:
@@ -304,4 +309,7 @@ class ResponseDispatcher:
                         stream.on_event(event)
                 with self._wakeup:
                     self._backlog -= len(events)
-                    self._wakeup.notify_all()  # an engine waiting in wait_for_backlog
+                    # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
+                    # thread costs this one the GIL.
+                    if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:
+                        self._wakeup.notify_all()
