@@ -60,14 +60,20 @@ class SlowSender:
         self.done.set()
 
 
-def test_dispatcher_merges_tokens_that_wait():
+def sending_first_token(merge=False):
+    """A dispatcher whose first response (token 1) is being sent, held until sender.release is set."""
     req = request()
     sender = SlowSender()
     stream = TritonRequestStream([req], sender, vocab_size=10)
-    dispatcher = ResponseDispatcher(merge=True)
+    dispatcher = ResponseDispatcher(merge=merge)
+    dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
+    assert sender.sending.wait(5)
+    return req, sender, stream, dispatcher
+
+
+def test_dispatcher_merges_tokens_that_wait():
+    req, sender, stream, dispatcher = sending_first_token(merge=True)
     try:
-        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
-        assert sender.sending.wait(5)
         for token in (2, 3, 4):  # generated while the first response is still being sent
             dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
         dispatcher.submit(stream, EngineEvent(req, token_ids=[5], finished=True, finish_reason="length"))
@@ -80,13 +86,8 @@ def test_dispatcher_merges_tokens_that_wait():
 
 
 def test_dispatcher_sends_one_response_per_step_by_default():
-    req = request()
-    sender = SlowSender()
-    stream = TritonRequestStream([req], sender, vocab_size=10)
-    dispatcher = ResponseDispatcher()
+    req, sender, stream, dispatcher = sending_first_token()
     try:
-        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
-        assert sender.sending.wait(5)
         for token in (2, 3, 4):  # generated while the first response is still being sent
             dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
         dispatcher.submit(stream, EngineEvent(req, token_ids=[5], finished=True, finish_reason="length"))
@@ -100,13 +101,8 @@ def test_dispatcher_sends_one_response_per_step_by_default():
 def test_the_engine_waits_while_two_steps_of_responses_wait_to_be_sent():
     """wait_for_backlog bounds what the stand-in queues for sending (TensorRT-LLM sends as fast as it
     generates; a Python sender on few cores does not)."""
-    req = request()
-    sender = SlowSender()
-    stream = TritonRequestStream([req], sender, vocab_size=10)
-    dispatcher = ResponseDispatcher()
+    req, sender, stream, dispatcher = sending_first_token()  # it hangs: the events stay in the backlog
     try:
-        dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
-        assert sender.sending.wait(5)  # the first send hangs: its event and the next ones stay in the backlog
         dispatcher.submit(stream, EngineEvent(req, token_ids=[2]))
         dispatcher.wait_for_backlog(events_per_step=1, timeout_s=5)  # 2 waiting: within two steps, no wait
         dispatcher.submit(stream, EngineEvent(req, token_ids=[3]))
@@ -124,14 +120,10 @@ def test_the_engine_waits_while_two_steps_of_responses_wait_to_be_sent():
 
 
 def test_a_hung_send_slows_the_engine_down_but_never_stops_it():
-    req = request()
-    sender = SlowSender()  # never released
-    stream = TritonRequestStream([req], sender, vocab_size=10)
-    dispatcher = ResponseDispatcher()
+    req, sender, stream, dispatcher = sending_first_token()  # never released until the end
     try:
-        for token in range(5):
+        for token in range(2, 6):
             dispatcher.submit(stream, EngineEvent(req, token_ids=[token]))
-        assert sender.sending.wait(5)
         started = time.monotonic()
         dispatcher.wait_for_backlog(events_per_step=1, timeout_s=0.2)
         assert 0.15 < time.monotonic() - started < 2
