@@ -79,7 +79,11 @@ class TritonPythonModel:
         # false (default): one response per engine step, as TensorRT-LLM streams; true: merge what waits.
         self._dispatcher = ResponseDispatcher(
             merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"))
-        self._engine = build_engine(settings, wait_for_sending=self._dispatcher.wait_for_backlog)
+        # A paced engine (step_ms, GPU-like steps) does not run ahead of its sending: the bound keeps the 2-core
+        # soak from queueing responses for seconds. The unpaced benchmark floor keeps running ahead: on 16 cores
+        # the bound cost the floor and the BLS behind it a third (operations.md, issue 11), not yet understood.
+        self._engine = build_engine(settings, wait_for_sending=(
+            self._dispatcher.wait_for_backlog if settings.step_ms > 0 else None))
         labels = {"model": self._name}
         self._metrics = metrics = Metrics()
         self._generated_tokens = metrics.counter(
