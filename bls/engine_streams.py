@@ -85,18 +85,19 @@ class EngineStreams:
         self.url = url
         self._lock = threading.Lock()
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
-        self._open_calls: dict[str, grpc.Call] = {}  # by request id, for cancel()
-        self._cancelled_ids: set[str] = set()
+        # Open calls and their request ids, for cancel(); keyed by call: a `stop` request reuses its child's id.
+        self._open_calls: dict[grpc.Call, str] = {}
+        self._cancelled_calls: set[grpc.Call] = set()
 
     def cancel(self, request_id: str) -> None:
         """Cancel, from any thread, the open streams of `request_id` and of its children (ids
         "`request_id`-..."): their readers get GenerationCancelled now, not at the engine's next response,
         and Triton cancels the requests in the engine."""
         with self._lock:
-            calls = [(rid, call) for rid, call in self._open_calls.items()
+            calls = [call for call, rid in self._open_calls.items()
                      if rid == request_id or rid.startswith(f"{request_id}-")]
-            self._cancelled_ids.update(rid for rid, _ in calls)
-        for _, call in calls:
+            self._cancelled_calls.update(calls)
+        for call in calls:
             call.cancel()
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
@@ -108,9 +109,8 @@ class EngineStreams:
         request = _infer_request(model_name, inputs, outputs, request_id)
         # One request, then the client half-closes: the call ends after the request's final response.
         call = self._service().ModelStreamInfer(iter([request]))
-        if request_id:
-            with self._lock:
-                self._open_calls[request_id] = call
+        with self._lock:
+            self._open_calls[call] = request_id
         try:
             for response in call:
                 if response.error_message:
@@ -120,7 +120,7 @@ class EngineStreams:
             code = error.code()
             if code == grpc.StatusCode.CANCELLED:
                 with self._lock:
-                    by_cancel = request_id in self._cancelled_ids
+                    by_cancel = call in self._cancelled_calls
                 if by_cancel:
                     raise GenerationCancelled(request_id) from None
                 return
@@ -133,10 +133,9 @@ class EngineStreams:
             raise ModelStepError(model_name, detail, kind=error_kind(detail)) from None
         finally:
             call.cancel()  # no-op once the call has ended; stops the engine when the caller stopped early
-            if request_id:
-                with self._lock:
-                    self._open_calls.pop(request_id, None)
-                    self._cancelled_ids.discard(request_id)
+            with self._lock:
+                del self._open_calls[call]
+                self._cancelled_calls.discard(call)
 
     def _service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
         # Connected at first use: tritonserver opens its gRPC endpoint only after every model has loaded.

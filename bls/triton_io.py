@@ -207,9 +207,9 @@ class SafeSender:
         """Only the outputs the client asked for go into the response. The stub would drop the others itself,
         but inside ResponseSender::Send with the GIL released (python_backend src/response_sender.cc, from
         24.10 up to main of 2026-07, so also in the 26.07 container): a dropped BYTES output frees the numpy
-        array the stub serialised it into, a Python deallocation without the GIL that corrupts the allocator
-        while other threads run Python. That killed the BLS stub (SIGSEGV in libpython) under the soak's gRPC
-        clients, which ask for text_output alone."""
+        array the stub serialised it into, a Python deallocation without the GIL, which can corrupt the allocator
+        while other threads run Python: a candidate (not proven) for the BLS stub's SIGSEGV in libpython under the
+        soak's gRPC clients, which ask for text_output alone."""
         self._send(lambda: make_response({name: value for name, value in outputs.items() if name in self._requested}),
                    final)
 

@@ -242,10 +242,10 @@ class ResponseDispatcher:
     whose sending falls behind generation catches up; a figure measured that way must say so.
 
     A paced engine (step_ms > 0) asks `wait_for_backlog` before each step: it waits while more than
-    BACKLOG_STEPS steps of responses are still to be sent. TensorRT-LLM's C++ backend sends as fast as it generates; this stand-in,
-    sending from Python on a few cores, cannot, and without the bound it queued responses without limit: in
-    the 2-core soak first tokens waited ~2.5 s behind the queue, and generations of clients that had gone ran
-    on until their queued tokens came out (twice the tokens generated per finished request).
+    BACKLOG_STEPS steps of responses are still to be sent. TensorRT-LLM's C++ backend sends as fast as it
+    generates; this stand-in, sending from Python on a few cores, cannot, and without the bound it queued
+    responses without limit: in the 2-core soak first tokens waited ~2.5 s behind the queue, and generations of
+    clients that had gone ran on until their queued tokens came out (twice the tokens per finished request).
     """
 
     BACKLOG_STEPS = 2
