@@ -1,4 +1,4 @@
-"""Streaming engine requests of the BLS, sent over this server's own gRPC endpoint.
+"""Streaming engine requests of the BLS, sent over this server's own HTTP and gRPC endpoints.
 
 Why not `pb_utils.InferenceRequest.exec(decoupled=True)`: Triton's Python backend stub (2.51, and unchanged
 in python_backend's main branch up to 2026-07) deadlocks when several threads of one stub use decoupled BLS
@@ -8,20 +8,24 @@ thread holds that mutex and waits for one iterator's mutex (ProcessBLSResponseDe
 ResponseIterator::EnqueueResponse); a thread woken in ResponseIterator::Next holds that iterator's mutex and
 waits for the GIL. The 256-client soak hit it within 15 s, and every stream of the process stopped, the
 engine's with them (its sends wait for the stuck stub). NVIDIA's BLS serves one request per instance at a
-time, which never has two such threads; ours serves hundreds per instance, so its streams go through gRPC,
-whose client never holds the GIL while it waits. Non-streamed child calls (preprocessing, postprocessing)
+time, which never has two such threads; ours serves hundreds per instance, so its streams go through the
+server's own endpoints, whose clients never hold the GIL while they wait. Non-streamed child calls (preprocessing, postprocessing)
 stay in-process: exec(decoupled=False) does not touch the iterator map.
 
-Where gRPC is: the model parameter `engine_grpc_url` when set, else what the tritonserver process that
-started this stub was told on its command line (--grpc-address, --grpc-port; Triton's defaults 0.0.0.0 and
-8001), so that a repository needs no setting wherever it is served.
+Which endpoint: HTTP `generate_stream` for every request it carries exactly (bls.engine_http: the plain
+token stream, a quarter of gRPC's CPU per token in this process), gRPC `ModelStreamInfer` for the rest (outputs
+such as logits or log probs, FP16 inputs, beam search). Where: the model parameters `engine_http_url` and
+`engine_grpc_url` when set, else what the tritonserver process that started this stub was told on its command
+line (--http-address/--http-port, --grpc-address/--grpc-port; Triton's defaults 0.0.0.0, 8000 and 8001), so
+that a repository needs no setting wherever it is served. A server without HTTP (--allow-http=false) streams
+everything over gRPC.
 """
 
 from __future__ import annotations
 
 import threading
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import grpc
 import numpy as np
@@ -29,6 +33,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from bls.contract import TENSORRT_LLM
+from bls.engine_http import Disconnected, EventStreamError, GenerateStreams, carries, request_body, tensors
 from bls.errors import GenerationCancelled, ModelStepError
 
 Tensors = dict[str, np.ndarray]
@@ -42,16 +47,31 @@ _UNAVAILABLE_MARKS = ("at capacity", "unloading", "unloaded", "Exceeds maximum q
                       "is not healthy")
 
 
-def grpc_url(configured: str | None, server_pid: int) -> str:
-    """The configured address, else the one of tritonserver (process `server_pid`, this stub's parent).
-    Raises ValueError when that server does not serve gRPC at all."""
-    if configured:
-        return configured
-    return grpc_url_of(Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0"))
+def endpoints(grpc_url: str, http_url: str, server_pid: int) -> tuple[str, str | None]:
+    """(gRPC, HTTP) addresses: the configured ones, else those of tritonserver (process `server_pid`, this
+    stub's parent). HTTP is None when that server does not serve it; ValueError when it does not serve gRPC."""
+    if grpc_url and http_url:
+        return grpc_url, http_url
+    argv = Path(f"/proc/{server_pid}/cmdline").read_bytes().decode().split("\0")
+    return grpc_url or grpc_url_of(argv), http_url or http_url_of(argv)
 
 
 def grpc_url_of(argv: list[str]) -> str:
-    """Where a tritonserver started with `argv` serves gRPC, as seen from the same host."""
+    """Where a tritonserver started with `argv` serves gRPC, as seen from the same host. Raises ValueError
+    when it does not serve gRPC at all."""
+    url = _endpoint_of(argv, "grpc", "8001")
+    if url is None:
+        raise ValueError("tritonserver runs with --allow-grpc=false, but tensorrt_llm_bls streams engine requests "
+                         "over this server's gRPC endpoint: enable gRPC (it may listen on 127.0.0.1 only)")
+    return url
+
+
+def http_url_of(argv: list[str]) -> str | None:
+    """Where a tritonserver started with `argv` serves HTTP, as seen from the same host; None without HTTP."""
+    return _endpoint_of(argv, "http", "8000")
+
+
+def _endpoint_of(argv: list[str], protocol: str, default_port: str) -> str | None:
     options: dict[str, str] = {}
     for index, arg in enumerate(argv):
         if arg.startswith("--"):
@@ -59,12 +79,11 @@ def grpc_url_of(argv: list[str]) -> str:
             if not equals and index + 1 < len(argv) and not argv[index + 1].startswith("--"):
                 value = argv[index + 1]
             options[name] = value
-    if options.get("allow-grpc", "true").lower() in ("false", "0", "no", "off"):
-        raise ValueError("tritonserver runs with --allow-grpc=false, but tensorrt_llm_bls streams engine requests "
-                         "over this server's gRPC endpoint: enable gRPC (it may listen on 127.0.0.1 only)")
-    address = options.get("grpc-address", "0.0.0.0")
+    if options.get(f"allow-{protocol}", "true").lower() in ("false", "0", "no", "off"):
+        return None
+    address = options.get(f"{protocol}-address", "0.0.0.0")
     host = "127.0.0.1" if address in _ANY_ADDRESS else address
-    return f"{host}:{options.get('grpc-port', '8001')}"
+    return f"{host}:{options.get(f'{protocol}-port', default_port)}"
 
 
 def error_kind(message: str) -> str:
@@ -79,38 +98,74 @@ def error_kind(message: str) -> str:
 
 
 class EngineStreams:
-    """Decoupled requests to the engines over one gRPC channel, shared by every thread of the process."""
+    """Decoupled requests to the engines, shared by every thread of the process: over HTTP generate_stream
+    when it carries the request exactly, else over one gRPC channel."""
 
-    def __init__(self, url: str):
-        self.url = url
+    def __init__(self, grpc_url: str, http_url: str | None = None):
+        self.url = grpc_url
+        self.http_url = http_url
         self._lock = threading.Lock()
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
-        # Open calls and their request ids, for cancel(); keyed by call: a `stop` request reuses its child's id.
-        self._open_calls: dict[grpc.Call, str] = {}
-        self._cancelled_calls: set[grpc.Call] = set()
+        host, _, port = (http_url or "").rpartition(":")
+        self._http = GenerateStreams(host, int(port)) if http_url else None
+        # Open streams: their request ids and how to break them, for cancel(); keyed by stream, not request
+        # id, since a `stop` request reuses its child's id.
+        self._open: dict[object, tuple[str, Callable[[], None]]] = {}
+        self._cancelled: set[object] = set()
 
     def cancel(self, request_id: str) -> None:
         """Cancel, from any thread, the open streams of `request_id` and of its children (ids
         "`request_id`-..."): their readers get GenerationCancelled now, not at the engine's next response,
         and Triton cancels the requests in the engine."""
         with self._lock:
-            calls = [call for call, rid in self._open_calls.items()
-                     if rid == request_id or rid.startswith(f"{request_id}-")]
-            self._cancelled_calls.update(calls)
-        for call in calls:
-            call.cancel()
+            streams = [(key, stop) for key, (rid, stop) in self._open.items()
+                       if rid == request_id or rid.startswith(f"{request_id}-")]
+            self._cancelled.update(key for key, _ in streams)
+        for _, stop in streams:
+            stop()
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterator[Tensors]:
         """The responses of one request (its last one may be empty). Closing the iterator early cancels the
-        request: Triton cancels it in the engine, as it does for any gRPC client that goes away."""
-        outputs = list(outputs)
+        request: Triton cancels it in the engine, as it does for any client that goes away."""
         wanted = frozenset(outputs)
-        request = _infer_request(model_name, inputs, outputs, request_id)
+        if self._http is not None and carries(inputs, wanted):
+            return self._http_stream(model_name, inputs, wanted, request_id)
+        return self._grpc_stream(model_name, inputs, wanted, request_id)
+
+    def _http_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
+                     request_id: str) -> Iterator[Tensors]:
+        key = object()
+
+        def on_open(connection) -> None:
+            with self._lock:
+                self._open[key] = (request_id, lambda: GenerateStreams.shut(connection))
+
+        try:
+            for event in self._http.events(model_name, request_body(inputs, request_id), on_open):
+                if key in self._cancelled:  # cancelled before its socket existed
+                    raise GenerationCancelled(request_id)
+                yield tensors(event, wanted)
+        except EventStreamError as error:
+            raise ModelStepError(model_name, error.message, kind=error_kind(error.message)) from None
+        except Disconnected as error:
+            if key in self._cancelled:
+                raise GenerationCancelled(request_id) from None
+            raise ModelStepError(model_name, f"lost this server's HTTP endpoint at {self.http_url} ({error}); set "
+                                             "the tensorrt_llm_bls parameter engine_http_url to where tritonserver "
+                                             "serves HTTP", kind="unavailable") from None
+        finally:
+            with self._lock:
+                self._open.pop(key, None)
+                self._cancelled.discard(key)
+
+    def _grpc_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
+                     request_id: str) -> Iterator[Tensors]:
+        request = _infer_request(model_name, inputs, sorted(wanted), request_id)
         # One request, then the client half-closes: the call ends after the request's final response.
         call = self._service().ModelStreamInfer(iter([request]))
         with self._lock:
-            self._open_calls[call] = request_id
+            self._open[call] = (request_id, call.cancel)
         try:
             for response in call:
                 if response.error_message:
@@ -119,9 +174,7 @@ class EngineStreams:
         except grpc.RpcError as error:
             code = error.code()
             if code == grpc.StatusCode.CANCELLED:
-                with self._lock:
-                    by_cancel = call in self._cancelled_calls
-                if by_cancel:
+                if call in self._cancelled:
                     raise GenerationCancelled(request_id) from None
                 return
             detail = error.details() or str(code)
@@ -134,8 +187,8 @@ class EngineStreams:
         finally:
             call.cancel()  # no-op once the call has ended; stops the engine when the caller stopped early
             with self._lock:
-                del self._open_calls[call]
-                self._cancelled_calls.discard(call)
+                del self._open[call]
+                self._cancelled.discard(call)
 
     def _service(self) -> service_pb2_grpc.GRPCInferenceServiceStub:
         # Connected at first use: tritonserver opens its gRPC endpoint only after every model has loaded.

@@ -59,9 +59,10 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
 
 # Parameters Triton's own clients and frontends attach to requests; they configure Triton, not the model.
 _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", "binary_data")
-# Parameters NVIDIA's own clients send that the tensorrtllm backend ignores too: inflight_batcher_llm_client.py
-# (v0.14) sends {"Streaming": ...} beside the `streaming` input, which is what decides.
-_IGNORED_BY_UPSTREAM = frozenset({"Streaming"})
+# Parameters that are not misspelt inputs: NVIDIA's inflight_batcher_llm_client.py (v0.14) sends {"Streaming":
+# ...} beside the `streaming` input, which is what decides (the tensorrtllm backend ignores it too); the generate
+# endpoint makes a body's "id" the request id and also passes it on as a parameter (http_server.cc, 2.49+).
+_NOT_INPUTS = frozenset({"Streaming", "id"})
 
 
 def check_shipped_files(version_dir: Path, model_name: str) -> None:
@@ -83,7 +84,7 @@ def check_no_parameters(raw: str | None) -> None:
     except json.JSONDecodeError:
         return
     for name in parameters:
-        if not name.startswith(_TRITON_PARAMETERS) and name not in _IGNORED_BY_UPSTREAM:
+        if not name.startswith(_TRITON_PARAMETERS) and name not in _NOT_INPUTS:
             raise InvalidRequest(name, "is not an input of this model (Triton's generate endpoint passes fields "
                                        "that are not inputs on as parameters, which these models do not use)")
 

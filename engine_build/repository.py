@@ -67,8 +67,9 @@ class RepositorySettings:
     bls_instance_count: int = field(default_factory=lambda: default_bls_instance_count())
     bls_max_concurrent_requests: int = 256  # per instance
     bls_max_queued_requests: int = 256  # per instance
-    # tritonserver's gRPC endpoint as the BLS reaches it (it streams engine requests through it); empty:
-    # read from tritonserver's command line when the model loads.
+    # tritonserver's HTTP and gRPC endpoints as the BLS reaches them (it streams engine requests through
+    # them); empty: read from tritonserver's command line when the model loads.
+    bls_engine_http_url: str = ""
     bls_engine_grpc_url: str = ""
     # The engines' default when a request does not say (upstream's: false). Token-level clients such as
     # NVIDIA's e2e_grpc_speculative_decoding_client.py read the prompt back in output_ids. The text API has
@@ -153,6 +154,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "decoupled_mode": settings.decoupled,
         "max_concurrent_requests": settings.bls_max_concurrent_requests,
         "max_queued_requests": settings.bls_max_queued_requests,
+        "engine_http_url": settings.bls_engine_http_url,
         "engine_grpc_url": settings.bls_engine_grpc_url,
     })
     for name in engine_models:

@@ -97,12 +97,17 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: instances of the synthetic engine (many-core hosts: enough that "
                              "the engine stand-in is not the bottleneck)")
     parser.add_argument("--bls-instances", type=int, help="section streaming: BLS instances (default: the repository's)")
+    parser.add_argument("--engine-step-ms", type=float, default=0.0,
+                        help="section streaming: the engine's least step time in the throughput runs (default 0: as "
+                             "fast as the CPU lets it, running ahead of its own sending; any value > 0 also makes the "
+                             "stand-in wait for its sending, as a GPU engine whose C++ backend keeps up does)")
     args = parser.parse_args(argv)
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
 
     ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick,
-                       engine_instances=args.engine_instances, bls_instances=args.bls_instances)
+                       engine_instances=args.engine_instances, bls_instances=args.bls_instances,
+                       engine_step_ms=args.engine_step_ms)
     results: dict[str, dict] = {}
     failed = []
     try:

@@ -57,13 +57,12 @@ def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
     return seconds / (STREAM_TOKENS * len(run.results)) * 1e6
 
 
-def _grpc_receive_us_per_token(grpc_url: str, streams: int, prompt_ids: list[int]) -> float:
-    """CPU of this process per token received over gRPC by `streams` threads reading engine streams as the BLS
-    does (bls.engine_streams), doing nothing else: the least a BLS process pays per token for its engine hop."""
+def _receive_us_per_token(engine: EngineStreams, streams: int, prompt_ids: list[int]) -> float:
+    """CPU of this process per token received by `streams` threads reading engine streams as the BLS does
+    (bls.engine_streams), doing nothing else: the least a BLS process pays per token for its engine hop."""
     inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
               "request_output_len": np.array([[STREAM_TOKENS]], np.int32), "end_id": np.array([[-1]], np.int32),
               "streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
-    engine = EngineStreams(grpc_url)
     received = [0] * streams
 
     def read(index: int) -> None:
@@ -98,11 +97,14 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
     # max_queued_requests: 256 streams x (BLS + ensemble + engine) never wait for a slot: the floor is the
     # engine's pace, not its queue. More engine instances (ctx.engine_instances) spread the stand-in over
     # cores, so that on a many-core host the engine is not the bottleneck being measured.
-    server = ctx.server(_repo(ctx, "streaming", step_ms=0.0))
+    server = ctx.server(_repo(ctx, "streaming", step_ms=ctx.engine_step_ms))
     bodies = _bodies(server.http_url)
     for model in MODELS:  # warm-up
         stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])
-    rows: list[Row] = []
+    # 0: the stand-in generates as fast as the CPU lets it, ahead of its own sending (responses queue, and a
+    # stream's tokens leave in bursts); > 0: it also waits for its sending (embedded_engine/responses.py).
+    rows: list[Row] = [Row("throughput runs: engine step (0: unpaced, runs ahead of its sending)",
+                           ctx.engine_step_ms, "ms")]
     for clients in CONCURRENCY:
         # A lone stream runs more rounds: CPU times tick in 10 ms, too coarse for one stream's few thousand tokens.
         rounds = (1 if ctx.quick else 2) * (8 if clients == 1 else 1)
@@ -123,10 +125,12 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
         bls = runs["tensorrt_llm_bls"]
-        if clients == 64:
-            rows.append(Row(f"{clients:>3} streams: CPU per token, receiving engine streams over gRPC alone",
-                            _grpc_receive_us_per_token(server.grpc_url, clients, bodies["tensorrt_llm"]["input_ids"]),
-                            "µs"))
+        if clients == 64:  # the BLS's engine hop: HTTP generate_stream; gRPC for what HTTP cannot carry exactly
+            prompt_ids = bodies["tensorrt_llm"]["input_ids"]
+            for transport, engine in (("HTTP", EngineStreams(server.grpc_url, server.http_url)),
+                                      ("gRPC", EngineStreams(server.grpc_url))):
+                rows.append(Row(f"{clients:>3} streams: CPU per token, receiving engine streams over {transport} alone",
+                                _receive_us_per_token(engine, clients, prompt_ids), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
         rows.append(Row(f"{clients:>3} streams: CPU per token, tritonserver (BLS run)",

@@ -12,7 +12,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor
 
-from bls.engine_streams import EngineStreams, error_kind, grpc_url, grpc_url_of
+from bls.engine_streams import EngineStreams, endpoints, error_kind, grpc_url_of, http_url_of
 from bls.errors import GenerationCancelled, ModelStepError
 
 
@@ -146,11 +146,25 @@ def test_the_address_comes_from_tritonservers_command_line():
     assert grpc_url_of(["tritonserver", "--grpc-port", "9102", "--grpc-address", "10.0.0.7"]) == "10.0.0.7:9102"
     with pytest.raises(ValueError, match="allow-grpc"):
         grpc_url_of(["tritonserver", "--allow-grpc=false"])
+    assert http_url_of(["tritonserver", "--model-repository=/m"]) == "127.0.0.1:8000"
+    assert http_url_of(["tritonserver", "--http-port", "9100", "--http-address=10.0.0.7"]) == "10.0.0.7:9100"
+    assert http_url_of(["tritonserver", "--allow-http=false"]) is None  # then everything goes over gRPC
 
 
-def test_a_configured_address_wins():
-    assert grpc_url("triton:9001", server_pid=-1) == "triton:9001"
-    assert grpc_url("", server_pid=os.getpid()).startswith("127.0.0.1:")  # this process: Triton's default port
+def test_what_http_cannot_carry_exactly_goes_over_grpc(engine):
+    """Logits come back over gRPC with their shapes even when an HTTP endpoint is configured (here nothing
+    listens there, so a request sent to it would fail)."""
+    servicer, grpc_only = engine
+    streams = EngineStreams(grpc_only.url, "127.0.0.1:1")
+    got = list(streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)},
+                              ["output_ids", "generation_logits"], "req-2"))
+    assert len(got) == 3 and [r.id for r in servicer.requests] == ["req-2"]
+
+
+def test_configured_addresses_win():
+    assert endpoints("triton:9001", "triton:9000", server_pid=-1) == ("triton:9001", "triton:9000")
+    grpc, http = endpoints("", "", server_pid=os.getpid())  # this process: Triton's default ports
+    assert (grpc, http) == ("127.0.0.1:8001", "127.0.0.1:8000")
 
 
 class socket_port:

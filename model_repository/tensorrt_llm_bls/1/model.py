@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
-from bls.engine_streams import EngineStreams, grpc_url  # noqa: E402
+from bls.engine_streams import EngineStreams, endpoints  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import (  # noqa: E402
     BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
@@ -74,10 +74,13 @@ class TritonPythonModel:
 
     @staticmethod
     def _engine_streams(params) -> EngineStreams:
-        """Engine streams go through this server's gRPC endpoint (bls/engine_streams.py says why); the stub's
+        """Engine streams go through this server's own endpoints (bls/engine_streams.py says why); the stub's
         parent process is tritonserver."""
-        streams = EngineStreams(grpc_url(params.get("engine_grpc_url"), os.getppid()))
-        pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's gRPC at {streams.url}")
+        streams = EngineStreams(*endpoints(params.get("engine_grpc_url", ""), params.get("engine_http_url", ""),
+                                           os.getppid()))
+        pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's HTTP generate_stream at "
+                                 f"{streams.http_url or '(HTTP disabled)'} and gRPC at {streams.url} (requests "
+                                 "HTTP cannot carry exactly)")
         return streams
 
     def _observer(self) -> GenerationObserver:

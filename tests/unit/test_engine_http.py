@@ -1,0 +1,219 @@
+"""bls.engine_http and EngineStreams' HTTP path, against an in-process server that answers generate_stream
+the way Triton does (HTTP/1.1 keep-alive, chunked server-sent events, in-band error events)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from bls.engine_http import carries, request_body
+from bls.engine_streams import EngineStreams
+from bls.errors import GenerationCancelled, ModelStepError
+
+ONE_TOKEN = {"input_ids": np.ones((1, 1), np.int32)}
+
+
+class _Engine:
+    """What the fake endpoint streams, and what it saw."""
+
+    def __init__(self):
+        self.tokens: list[int] = [11, 12, 13]
+        self.error = ""  # sent as an in-band error event after the first token
+        self.refuse = ""  # sent as the first response, an error: status 400 with an SSE body, as Triton does
+        self.bodies: list[dict] = []
+        self.paths: list[str] = []
+        self.connections = 0
+        self.disconnected = threading.Event()
+        self.release = threading.Event()
+        self.release.set()
+        self.close_after_each = False
+
+
+def _handler(engine: _Engine):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def setup(self):
+            super().setup()
+            engine.connections += 1
+
+        def log_message(self, *args):
+            pass
+
+        def do_POST(self):
+            engine.paths.append(self.path)
+            engine.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            if engine.refuse:
+                payload = f'data: {json.dumps({"error": engine.refuse})}\n\n'.encode()
+                self.send_response(400)
+                self.send_header("Content-Length", str(len(payload)))
+                self.end_headers()
+                self.wfile.write(payload)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            if engine.close_after_each:
+                self.send_header("Connection", "close")
+                self.close_connection = True
+            self.end_headers()
+            try:
+                for index, token in enumerate(engine.tokens):
+                    if index and not engine.release.wait(10):
+                        break
+                    event = {"model_name": "tensorrt_llm", "model_version": "1", "output_ids": token,
+                             "sequence_length": 1}
+                    self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                    if engine.error:
+                        self._chunk(f'data: {json.dumps({"error": engine.error})}\n\n'.encode())
+                        break
+                self._chunk(b"")
+            except OSError:
+                engine.disconnected.set()
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            self.wfile.flush()
+
+    return Handler
+
+
+@pytest.fixture
+def http_engine():
+    engine = _Engine()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(engine))
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    # No gRPC server: a request routed there would fail to connect, so these tests see the HTTP path only.
+    yield engine, EngineStreams("127.0.0.1:1", f"127.0.0.1:{server.server_port}")
+    engine.release.set()
+    server.shutdown()
+    server.server_close()
+
+
+def test_streams_each_event_and_sends_the_request_as_the_generate_endpoint_reads_it(http_engine):
+    engine, streams = http_engine
+    inputs = {"input_ids": np.array([[1, 2, 3]], np.int32), "streaming": np.array([[True]]),
+              "stop_words_list": np.array([[[5, 6], [2, -1]]], np.int32),
+              "temperature": np.array([[0.5]], np.float32)}
+    responses = list(streams.stream("tensorrt_llm", inputs, ["output_ids", "sequence_length"], "req-1"))
+    assert [r["output_ids"].shape for r in responses] == [(1, 1, 1)] * 3
+    assert [r["output_ids"].item() for r in responses] == [11, 12, 13]
+    assert [r["sequence_length"].tolist() for r in responses] == [[[1]]] * 3
+    assert engine.paths == ["/v2/models/tensorrt_llm/generate_stream"]
+    assert engine.bodies == [{"id": "req-1", "input_ids": [1, 2, 3], "streaming": [True],
+                              "stop_words_list": [5, 6, 2, -1], "temperature": [0.5]}]
+
+
+def test_a_stream_read_to_its_end_leaves_its_connection_for_the_next(http_engine):
+    engine, streams = http_engine
+    for _ in range(3):
+        assert len(list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))) == 3
+    assert engine.connections == 1
+
+
+def test_a_connection_the_server_closed_while_idle_is_replaced(http_engine):
+    engine, streams = http_engine
+    engine.close_after_each = True
+    for _ in range(3):
+        assert [r["output_ids"].item() for r in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])] == [11, 12, 13]
+    assert engine.connections == 3
+
+
+def test_an_error_event_keeps_its_class(http_engine):
+    engine, streams = http_engine
+    engine.error = "tensorrt_llm: internal error (KeyError: 'x'); see the server log"
+    with pytest.raises(ModelStepError) as caught:
+        list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
+    assert caught.value.kind == "internal"
+    assert str(caught.value) == "tensorrt_llm: internal error (KeyError: 'x'); see the server log"
+
+
+def test_a_refused_request_gives_the_engines_message(http_engine):
+    engine, streams = http_engine
+    engine.refuse = "request_output_len: input length 9 + request_output_len 9 = 18 exceeds max_seq_len 16"
+    with pytest.raises(ModelStepError) as caught:
+        list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
+    assert caught.value.kind == "client"
+    assert str(caught.value) == f"tensorrt_llm: {engine.refuse}"
+
+
+def test_closing_the_stream_early_closes_the_connection(http_engine):
+    """How an HTTP client cancels: Triton cancels the request when its connection goes."""
+    engine, streams = http_engine
+    engine.tokens = list(range(100))
+    responses = streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])
+    next(responses)
+    engine.release.clear()
+    responses.close()
+    engine.release.set()
+    assert engine.disconnected.wait(5)
+
+
+def test_cancel_interrupts_a_reader_waiting_for_the_engine(http_engine):
+    engine, streams = http_engine
+    engine.tokens = list(range(100))
+    outcome = []
+    first_seen = threading.Barrier(3)
+
+    def read(request_id):
+        try:
+            for index, _ in enumerate(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"], request_id)):
+                if index == 0:
+                    first_seen.wait(5)
+            outcome.append((request_id, "finished"))
+        except GenerationCancelled:
+            outcome.append((request_id, "cancelled"))
+
+    engine.release.clear()  # the engine is slow: every reader waits for its next response
+    readers = [threading.Thread(target=read, args=(rid,)) for rid in ("req-1-0", "req-10-0")]
+    for reader in readers:
+        reader.start()
+    first_seen.wait(5)
+    streams.cancel("req-1")  # the children of req-1 (ids "req-1-..."), not those of req-10
+    readers[0].join(5)
+    assert outcome == [("req-1-0", "cancelled")]
+    engine.release.set()
+    readers[1].join(10)
+    assert outcome[-1] == ("req-10-0", "finished")
+
+
+def test_an_unreachable_endpoint_names_the_setting_to_fix():
+    streams = EngineStreams("127.0.0.1:1", "127.0.0.1:1")
+    with pytest.raises(ModelStepError) as caught:
+        list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
+    assert caught.value.kind == "unavailable"
+    assert "engine_http_url" in str(caught.value) and "127.0.0.1:1" in str(caught.value)
+
+
+@pytest.mark.parametrize("inputs, outputs, carried", [
+    ({"input_ids": np.ones((1, 5), np.int32), "request_output_len": np.array([[8]], np.int32)},
+     {"output_ids", "sequence_length"}, True),
+    ({"stop_words_list": np.ones((1, 2, 3), np.int32)}, {"output_ids"}, True),
+    ({"guided_decoding_guide": np.array([[b"caf\xc3\xa9"]], dtype=object)}, {"output_ids"}, True),
+    # outputs the endpoint would flatten without a way to tell their shape back
+    (ONE_TOKEN, {"output_ids", "generation_logits"}, False),
+    (ONE_TOKEN, {"output_ids", "cum_log_probs"}, False),
+    ({**ONE_TOKEN, "beam_width": np.array([[2]], np.int32)}, {"output_ids"}, False),
+    # shapes the endpoint would derive differently from the element count
+    ({"input_ids": np.ones((2, 5), np.int32)}, {"output_ids"}, False),
+    ({"stop_words_list": np.ones((1, 2, 3, 1), np.int32)}, {"output_ids"}, False),
+    ({"input_ids": np.ones((1, 0), np.int32)}, {"output_ids"}, False),
+    # dtypes without an exact JSON form
+    ({"prompt_embedding_table": np.ones((1, 1, 4), np.float16)}, {"output_ids"}, False),
+    ({"guided_decoding_guide": np.array([[b"\xff"]], dtype=object)}, {"output_ids"}, False),
+    ({"not_an_engine_input": np.ones((1, 1), np.int32)}, {"output_ids"}, False),
+])
+def test_carries_only_what_the_generate_endpoint_rebuilds_exactly(inputs, outputs, carried):
+    assert carries(inputs, frozenset(outputs)) is carried
+
+
+def test_request_body_flattens_values_and_decodes_strings():
+    body = json.loads(request_body({"input_ids": np.array([[7, 8]], np.int32),
+                                    "guided_decoding_guide": np.array([[b"x"]], dtype=object)}, ""))
+    assert body == {"input_ids": [7, 8], "guided_decoding_guide": ["x"]}
