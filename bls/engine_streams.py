@@ -56,6 +56,20 @@ def endpoints(grpc_url: str, http_url: str, server_pid: int) -> tuple[str, str |
     return grpc_url or grpc_url_of(argv), http_url or http_url_of(argv)
 
 
+def open_files_warning(limits: str, streams: int) -> str | None:
+    """A warning when tritonserver's open-file limit (`limits`: the text of /proc/<pid>/limits) leaves less
+    than twice `streams` (the BLS streams all its instances may hold at once): each holds an HTTP connection to
+    the server, and every client connection takes a file too. Past the limit Triton cannot accept connections."""
+    for line in limits.splitlines():
+        if line.startswith("Max open files"):
+            soft = line.split()[3]
+            if soft.isdigit() and int(soft) < 2 * streams:
+                return (f"tritonserver may open only {soft} files (ulimit -n), and tensorrt_llm_bls may hold {streams} "
+                        f"engine connections at once beside the clients' own: raise the limit (ulimit -n, docker "
+                        f"--ulimit nofile=...) or lower max_concurrent_requests")
+    return None
+
+
 def grpc_url_of(argv: list[str]) -> str:
     """Where a tritonserver started with `argv` serves gRPC, as seen from the same host. Raises ValueError
     when it does not serve gRPC at all."""

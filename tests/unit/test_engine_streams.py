@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 import threading
 from concurrent import futures
 
@@ -12,7 +13,7 @@ import pytest
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor
 
-from bls.engine_streams import EngineStreams, endpoints, error_kind, grpc_url_of, http_url_of
+from bls.engine_streams import EngineStreams, endpoints, error_kind, grpc_url_of, http_url_of, open_files_warning
 from bls.errors import GenerationCancelled, ModelStepError
 
 
@@ -178,3 +179,17 @@ class socket_port:
 
     def __exit__(self, *exc) -> None:
         self._sock.close()
+
+
+_LIMITS = """Limit                     Soft Limit           Hard Limit           Units
+Max processes             127441               127441               processes
+Max open files            {soft}                 524288               files
+"""
+
+
+def test_a_low_open_file_limit_is_named_at_load():
+    """Each BLS stream holds an HTTP connection to the server: 8 instances x 256 streams need more than 1024."""
+    warning = open_files_warning(_LIMITS.format(soft=1024), streams=2048)
+    assert warning is not None and "1024" in warning and "ulimit -n" in warning and "2048" in warning
+    assert open_files_warning(_LIMITS.format(soft=1048576), streams=2048) is None
+    assert open_files_warning(Path("/proc/self/limits").read_text(), streams=1) is None

@@ -21,7 +21,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
-from bls.engine_streams import EngineStreams, endpoints  # noqa: E402
+from bls.engine_streams import EngineStreams, endpoints, open_files_warning  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import (  # noqa: E402
     BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
@@ -67,20 +67,25 @@ class TritonPythonModel:
         self.responses = ResponseLoop(threads=SENDING_THREADS)
         self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
         self.generator = TextGenerator(
-            self.config, ChildModels(self._engine_streams(params) if self.config.decoupled else None),
+            self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config))
+                                     if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )
 
     @staticmethod
-    def _engine_streams(params) -> EngineStreams:
+    def _engine_streams(params, max_streams: int) -> EngineStreams:
         """Engine streams go through this server's own endpoints (bls/engine_streams.py says why); the stub's
-        parent process is tritonserver."""
+        parent process is tritonserver. `max_streams`: how many all instances of this model may hold at once."""
+        server_pid = os.getppid()
         streams = EngineStreams(*endpoints(params.get("engine_grpc_url", ""), params.get("engine_http_url", ""),
-                                           os.getppid()))
+                                           server_pid))
         pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's HTTP generate_stream at "
                                  f"{streams.http_url or '(HTTP disabled)'} and gRPC at {streams.url} (requests "
                                  "HTTP cannot carry exactly)")
+        warning = open_files_warning(Path(f"/proc/{server_pid}/limits").read_text(), max_streams)
+        if warning:
+            pb_utils.Logger.log_warn(f"{MODEL}: {warning}")
         return streams
 
     def _observer(self) -> GenerationObserver:
@@ -134,3 +139,8 @@ class TritonPythonModel:
         if not self.responses.close(UNLOAD_WAIT_S):
             pb_utils.Logger.log_warn(f"{MODEL}: unloading before every response was sent")
         self.metrics.close()
+
+
+def _instances(model_config) -> int:
+    """Instances of this model in the server (config.pbtxt instance_group)."""
+    return sum(int(group.get("count", 1)) for group in model_config.get("instance_group", [])) or 1
