@@ -55,6 +55,8 @@ def carries(inputs: Mapping[str, np.ndarray], outputs: frozenset[str]) -> bool:
                 return False
         elif value.dtype.kind not in _JSON_KINDS or value.dtype == np.float16:
             return False
+        elif value.dtype.kind == "f" and not np.isfinite(value).all():  # JSON has no NaN or infinity
+            return False
     return True
 
 
@@ -121,34 +123,30 @@ class Disconnected(ConnectionError):
 class GenerateStreams:
     """Keep-alive connections to one HTTP endpoint, a stream at a time on each (a pool shared by threads)."""
 
-    def __init__(self, host: str, port: int, timeout_s: float | None = None):
+    def __init__(self, host: str, port: int):
         self.host, self.port = host, port
-        self._timeout_s = timeout_s
         self._lock = threading.Lock()
         self._idle: list[http.client.HTTPConnection] = []
 
     def events(self, model_name: str, body: bytes,
                on_open: Callable[[http.client.HTTPConnection], None] | None = None) -> Iterator[dict]:
-        """The parsed data events of one generate_stream call. `on_open(connection)` is called before the
-        request is sent, so another thread can shut() it. A stream read to its end returns its connection to
-        the pool; one left early (or broken) is closed, which cancels the request in Triton."""
+        """The parsed data events of one generate_stream call. `on_open(connection)` is called once the
+        connection is up and before the request is sent, so that another thread can shut() it. A stream read to
+        its end returns its connection to the pool; one left early (or broken) is closed, which cancels the
+        request in Triton."""
         connection, reused = self._connection()
         reusable = False
         try:
-            if on_open is not None:
-                on_open(connection)
             try:
-                response = self._post(connection, model_name, body)
+                response = self._post(connection, model_name, body, on_open)
             except (OSError, http.client.HTTPException) as error:
                 if not reused:
                     raise Disconnected(str(error)) from error
                 # The server closed an idle keep-alive connection: once more on a new one.
                 connection.close()
-                connection, reused = self._new_connection(), False
-                if on_open is not None:
-                    on_open(connection)
+                connection = self._new_connection()
                 try:
-                    response = self._post(connection, model_name, body)
+                    response = self._post(connection, model_name, body, on_open)
                 except (OSError, http.client.HTTPException) as error:
                     raise Disconnected(str(error)) from error
             if response.status != 200:
@@ -183,7 +181,12 @@ class GenerateStreams:
                 pass  # already closed
 
     @staticmethod
-    def _post(connection: http.client.HTTPConnection, model_name: str, body: bytes) -> http.client.HTTPResponse:
+    def _post(connection: http.client.HTTPConnection, model_name: str, body: bytes,
+              on_open: Callable[[http.client.HTTPConnection], None] | None) -> http.client.HTTPResponse:
+        if connection.sock is None:
+            connection.connect()  # now, so that on_open's caller has a socket to shut down
+        if on_open is not None:
+            on_open(connection)
         connection.request("POST", f"/v2/models/{model_name}/generate_stream", body,
                            {"Content-Type": "application/json"})
         return connection.getresponse()
@@ -196,7 +199,8 @@ class GenerateStreams:
         return self._new_connection(), False
 
     def _new_connection(self) -> http.client.HTTPConnection:
-        return http.client.HTTPConnection(self.host, self.port, timeout=self._timeout_s)
+        # No timeout, as on the gRPC path: a generation may rightly wait long for its next token.
+        return http.client.HTTPConnection(self.host, self.port)
 
 
 def _data_events(body: BinaryIO) -> Iterator[bytes]:

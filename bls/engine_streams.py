@@ -116,7 +116,7 @@ class EngineStreams:
     when it carries the request exactly, else over one gRPC channel."""
 
     def __init__(self, grpc_url: str, http_url: str | None = None):
-        self.url = grpc_url
+        self.grpc_url = grpc_url
         self.http_url = http_url
         self._lock = threading.Lock()
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
@@ -157,8 +157,6 @@ class EngineStreams:
 
         try:
             for event in self._http.events(model_name, request_body(inputs, request_id), on_open):
-                if key in self._cancelled:  # cancelled before its socket existed
-                    raise GenerationCancelled(request_id)
                 yield tensors(event, wanted)
         except EventStreamError as error:
             raise ModelStepError(model_name, error.message, kind=error_kind(error.message)) from None
@@ -193,7 +191,7 @@ class EngineStreams:
                 return
             detail = error.details() or str(code)
             if code == grpc.StatusCode.UNAVAILABLE:
-                raise ModelStepError(model_name, f"cannot reach this server's gRPC endpoint at {self.url} ({detail}); "
+                raise ModelStepError(model_name, f"cannot reach this server's gRPC endpoint at {self.grpc_url} ({detail}); "
                                                  "set the tensorrt_llm_bls parameter engine_grpc_url to where "
                                                  "tritonserver serves gRPC",
                                      kind="unavailable") from None
@@ -209,7 +207,7 @@ class EngineStreams:
         with self._lock:
             if self._stub is None:
                 self._stub = service_pb2_grpc.GRPCInferenceServiceStub(
-                    grpc.insecure_channel(self.url, options=_CHANNEL_OPTIONS))
+                    grpc.insecure_channel(self.grpc_url, options=_CHANNEL_OPTIONS))
             return self._stub
 
 

@@ -114,11 +114,27 @@ def _engine_metric(endpoint, name: str, model: str) -> float:
     return metric_value(endpoint.metrics, name, model)
 
 
-def test_client_disconnect_stops_the_engine(endpoint):
+# The BLS streams a plain request from the engine over HTTP generate_stream, and one asking for log probs over
+# gRPC (bls/engine_http.py: the generate endpoint cannot give their shapes back): both hops are held to the same.
+ENGINE_HOPS = {"http": {}, "grpc": {"return_log_probs": True}}
+
+
+@pytest.mark.parametrize("hop", ENGINE_HOPS)
+def test_both_engine_hops_stream_the_same_text(endpoint, hop):
+    body = {"text_input": "Once upon a time", "max_tokens": 24, "end_id": -1, **ENGINE_HOPS[hop]}
+    events = generate_stream(endpoint.http, BLS, {**body, "stream": True})
+    assert streamed_text(events) == generate(endpoint.http, BLS, {"text_input": "Once upon a time", "max_tokens": 24,
+                                                                  "end_id": -1})["text_output"]
+    assert ("output_log_probs" in events[0]) == (hop == "grpc")
+
+
+@pytest.mark.parametrize("hop", ENGINE_HOPS)
+def test_client_disconnect_stops_the_engine(endpoint, hop):
     if endpoint.model_config("tensorrt_llm").get("backend") != "python":
         pytest.skip("watches the embedded engine's embedded_engine_* metrics")
     inputs = {"text_input": strings("Tell me everything"), "max_tokens": np.array([[3000]], dtype=np.int32),
-              "stream": np.array([[True]]), "end_id": np.array([[-1]], dtype=np.int32)}
+              "stream": np.array([[True]]), "end_id": np.array([[-1]], dtype=np.int32),
+              **{name: np.array([[value]]) for name, value in ENGINE_HOPS[hop].items()}}
     result = grpc_stream(endpoint.grpc, BLS, inputs, ["text_output"], cancel_after=3)
     assert len(result.responses) == 3
     deadline = time.monotonic() + 10

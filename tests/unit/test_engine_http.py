@@ -12,7 +12,8 @@ import pytest
 
 from bls.engine_http import carries, request_body
 from bls.engine_streams import EngineStreams
-from bls.errors import GenerationCancelled, ModelStepError
+from bls.errors import ModelStepError
+from tests.unit.test_engine_streams import read_to_the_end
 
 ONE_TOKEN = {"input_ids": np.ones((1, 1), np.int32)}
 
@@ -125,33 +126,34 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(http_engine):
     assert engine.connections == 3
 
 
-def test_an_error_event_keeps_its_class(http_engine):
-    engine, streams = http_engine
-    engine.error = "tensorrt_llm: internal error (KeyError: 'x'); see the server log"
-    with pytest.raises(ModelStepError) as caught:
-        list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
-    assert caught.value.kind == "internal"
-    assert str(caught.value) == "tensorrt_llm: internal error (KeyError: 'x'); see the server log"
+_INTERNAL = "tensorrt_llm: internal error (KeyError: 'x'); see the server log"
+_TOO_LONG = "request_output_len: input length 9 + request_output_len 9 = 18 exceeds max_seq_len 16"
 
 
-def test_a_refused_request_gives_the_engines_message(http_engine):
+@pytest.mark.parametrize("how, message, kind, reported", [
+    # an error event after a token (status 200), e.g. the engine failing mid-generation
+    ("error", _INTERNAL, "internal", _INTERNAL),
+    # a refusal as the first response: Triton answers 400 with an SSE body
+    ("refuse", _TOO_LONG, "client", f"tensorrt_llm: {_TOO_LONG}"),
+])
+def test_an_engine_error_keeps_its_message_and_class(http_engine, how, message, kind, reported):
     engine, streams = http_engine
-    engine.refuse = "request_output_len: input length 9 + request_output_len 9 = 18 exceeds max_seq_len 16"
+    setattr(engine, how, message)
     with pytest.raises(ModelStepError) as caught:
         list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
-    assert caught.value.kind == "client"
-    assert str(caught.value) == f"tensorrt_llm: {engine.refuse}"
+    assert caught.value.kind == kind
+    assert str(caught.value) == reported
 
 
 def test_closing_the_stream_early_closes_the_connection(http_engine):
     """How an HTTP client cancels: Triton cancels the request when its connection goes."""
     engine, streams = http_engine
     engine.tokens = list(range(100))
+    engine.release.clear()  # the engine sends one token, then waits: the stream is still open when we close it
     responses = streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])
     next(responses)
-    engine.release.clear()
     responses.close()
-    engine.release.set()
+    engine.release.set()  # its next writes go to a closed connection
     assert engine.disconnected.wait(5)
 
 
@@ -160,18 +162,9 @@ def test_cancel_interrupts_a_reader_waiting_for_the_engine(http_engine):
     engine.tokens = list(range(100))
     outcome = []
     first_seen = threading.Barrier(3)
-
-    def read(request_id):
-        try:
-            for index, _ in enumerate(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"], request_id)):
-                if index == 0:
-                    first_seen.wait(5)
-            outcome.append((request_id, "finished"))
-        except GenerationCancelled:
-            outcome.append((request_id, "cancelled"))
-
     engine.release.clear()  # the engine is slow: every reader waits for its next response
-    readers = [threading.Thread(target=read, args=(rid,)) for rid in ("req-1-0", "req-10-0")]
+    readers = [threading.Thread(target=read_to_the_end, args=(streams, rid, outcome, lambda: first_seen.wait(5)))
+               for rid in ("req-1-0", "req-10-0")]
     for reader in readers:
         reader.start()
     first_seen.wait(5)
@@ -207,6 +200,7 @@ def test_an_unreachable_endpoint_names_the_setting_to_fix():
     # dtypes without an exact JSON form
     ({"prompt_embedding_table": np.ones((1, 1, 4), np.float16)}, {"output_ids"}, False),
     ({"guided_decoding_guide": np.array([[b"\xff"]], dtype=object)}, {"output_ids"}, False),
+    ({"temperature": np.array([[np.nan]], np.float32)}, {"output_ids"}, False),
     ({"not_an_engine_input": np.ones((1, 1), np.int32)}, {"output_ids"}, False),
 ])
 def test_carries_only_what_the_generate_endpoint_rebuilds_exactly(inputs, outputs, carried):

@@ -17,6 +17,18 @@ from bls.engine_streams import EngineStreams, endpoints, error_kind, grpc_url_of
 from bls.errors import GenerationCancelled, ModelStepError
 
 
+def read_to_the_end(streams: EngineStreams, request_id: str, outcome: list, on_first=lambda: None) -> None:
+    """Read one engine stream; record (request_id, "finished" or "cancelled") in `outcome`."""
+    try:
+        for index, _ in enumerate(streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)},
+                                                 ["output_ids"], request_id)):
+            if index == 0:
+                on_first()
+        outcome.append((request_id, "finished"))
+    except GenerationCancelled:
+        outcome.append((request_id, "cancelled"))
+
+
 class _Engine(service_pb2_grpc.GRPCInferenceServiceServicer):
     """Streams `tokens` one response each (the last flagged final), or an error; records what it got."""
 
@@ -96,18 +108,8 @@ def test_cancel_interrupts_a_reader_waiting_for_the_engine(engine):
     servicer, streams = engine
     servicer.tokens = list(range(100))
     outcome = []
-
-    def read(request_id):
-        try:
-            for _ in streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)}, ["output_ids"],
-                                    request_id):
-                pass
-            outcome.append((request_id, "finished"))
-        except GenerationCancelled:
-            outcome.append((request_id, "cancelled"))
-
     servicer.release.clear()  # the engine is slow: every reader waits for its next response
-    readers = [threading.Thread(target=read, args=(rid,)) for rid in ("req-1-0", "req-10-0")]
+    readers = [threading.Thread(target=read_to_the_end, args=(streams, rid, outcome)) for rid in ("req-1-0", "req-10-0")]
     for reader in readers:
         reader.start()
     while len(servicer.requests) < 2:
@@ -156,7 +158,7 @@ def test_what_http_cannot_carry_exactly_goes_over_grpc(engine):
     """Logits come back over gRPC with their shapes even when an HTTP endpoint is configured (here nothing
     listens there, so a request sent to it would fail)."""
     servicer, grpc_only = engine
-    streams = EngineStreams(grpc_only.url, "127.0.0.1:1")
+    streams = EngineStreams(grpc_only.grpc_url, "127.0.0.1:1")
     got = list(streams.stream("tensorrt_llm", {"input_ids": np.ones((1, 1), np.int32)},
                               ["output_ids", "generation_logits"], "req-2"))
     assert len(got) == 3 and [r.id for r in servicer.requests] == ["req-2"]

@@ -81,7 +81,7 @@ class TritonPythonModel:
         streams = EngineStreams(*endpoints(params.get("engine_grpc_url", ""), params.get("engine_http_url", ""),
                                            server_pid))
         pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's HTTP generate_stream at "
-                                 f"{streams.http_url or '(HTTP disabled)'} and gRPC at {streams.url} (requests "
+                                 f"{streams.http_url or '(HTTP disabled)'} and gRPC at {streams.grpc_url} (requests "
                                  "HTTP cannot carry exactly)")
         warning = open_files_warning(Path(f"/proc/{server_pid}/limits").read_text(), max_streams)
         if warning:
