@@ -246,7 +246,14 @@ class Metrics:
     Triton 2.51 crashes (SIGSEGV / boost lock_exception) when metric calls come from several threads at
     once. Families are created once per name and each metric keeps its family alive: a metric whose
     family was garbage-collected fails.
+
+    Counter increments and gauge values are gathered in the process and handed to Triton every FLUSH_S by one
+    thread: each pb_utils metric call is a round trip to tritonserver, and the embedded engine counts every
+    generated token (py-spy: its per-token increments were ~11 % of its samples under load). Histogram
+    observations (one per request) go at once.
     """
+
+    FLUSH_S = 0.1
 
     def __init__(self, lock: threading.Lock | threading.RLock | None = None):
         """lock: what serialises the metric calls. By default their own lock (they only need serialising among
@@ -256,13 +263,19 @@ class Metrics:
         self._lock = lock or threading.Lock()
         self._families: dict[str, Any] = {}
         self._metrics: list[_Metric] = []
+        self._closed = threading.Event()
+        self._flusher = threading.Thread(target=self._flush_every_period, name="metrics-flush", daemon=True)
+        self._flusher.start()
 
     def close(self) -> None:
-        """Release every metric and family now (call it from finalize): left to the stub's exit, a MetricFamily's
-        destructor writes to shared memory that is gone by then, and the stub segfaulted after its model had
-        unloaded (core dumps after two soaks). Later updates are ignored."""
+        """Hand Triton what is pending, then release every metric and family now (call it from finalize): left
+        to the stub's exit, a MetricFamily's destructor writes to shared memory that is gone by then, and the
+        stub segfaulted after its model had unloaded (core dumps after two soaks). Later updates are ignored."""
+        self._closed.set()
+        self._flusher.join(timeout=5)
         with self._lock:
             for metric in self._metrics:
+                metric.flush()
                 metric.release()
             self._metrics.clear()
             self._families.clear()
@@ -288,27 +301,46 @@ class Metrics:
             self._metrics.append(_Metric(metric, family, self._lock))
             return self._metrics[-1]
 
+    def _flush_every_period(self) -> None:
+        while not self._closed.wait(self.FLUSH_S):
+            with self._lock:
+                for metric in self._metrics:
+                    metric.flush()
+
 
 class _Metric:
     def __init__(self, metric: Any, family: Any, lock: threading.Lock):
         self._metric = metric
         self._family = family  # the family must outlive its metrics
         self._lock = lock
+        self._pending = threading.Lock()  # guards the two values below, never held across a pb_utils call
+        self._increment = 0.0
+        self._value: float | None = None
 
     def increment(self, value: float = 1.0) -> None:
-        with self._lock:
-            if self._metric is not None:
-                self._metric.increment(value)
+        with self._pending:
+            self._increment += value
 
     def set(self, value: float) -> None:
-        with self._lock:
-            if self._metric is not None:
-                self._metric.set(value)
+        with self._pending:
+            self._value = value
 
     def observe(self, value: float) -> None:
         with self._lock:
             if self._metric is not None:
                 self._metric.observe(value)
+
+    def flush(self) -> None:
+        """Hand Triton the increments and the last value since the previous flush (the caller holds the lock)."""
+        with self._pending:
+            increment, self._increment = self._increment, 0.0
+            value, self._value = self._value, None
+        if self._metric is None:
+            return
+        if increment:
+            self._metric.increment(increment)
+        if value is not None:
+            self._metric.set(value)
 
     def release(self) -> None:
         """Drop the metric, then its family (Metrics.close; called with the lock held)."""

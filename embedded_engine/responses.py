@@ -238,7 +238,9 @@ class ResponseDispatcher:
 
     Events wait in a queue and go out in order, one response per engine step, as TensorRT-LLM's C++ backend
     streams (one response per generated token): what every benchmark and soak must load the layers above
-    with. With `merge`, each round sends a sequence's waiting events as one response instead, so a CPU box
+    with. When sending falls behind, what waits goes out in rounds of one response per stream (streams still
+    waiting for their first response first), the order a GPU engine emits tokens in, so that a stream's
+    backlog neither goes out as a burst nor holds back the other streams and new requests. With `merge`, each round sends a sequence's waiting events as one response instead, so a CPU box
     whose sending falls behind generation catches up; a figure measured that way must say so.
 
     A paced engine (step_ms > 0) asks `wait_for_backlog` before each step: it waits while more than
@@ -300,15 +302,21 @@ class ResponseDispatcher:
                 if not self._pending:
                     return
                 batch, self._pending = self._pending, {}
-            # First responses first: a new request's time to first token does not wait behind long streams.
-            for stream, events in sorted(batch.values(), key=lambda item: item[0].started):
+            # One round: first responses first (a new request's first token does not wait behind long streams),
+            # then one response per stream, as a GPU engine emits them (one token per stream per step); what a
+            # stream has left waits for the next round, which serves streams that arrived meanwhile first.
+            for key, (stream, events) in sorted(batch.items(), key=lambda item: item[1][0].started):
                 if self._merge:
                     stream.on_event(merge_events(events))
+                    sent, rest = events, []
                 else:
-                    for event in events:
-                        stream.on_event(event)
+                    stream.on_event(events[0])
+                    sent, rest = events[:1], events[1:]
                 with self._wakeup:
-                    self._backlog -= len(events)
+                    self._backlog -= len(sent)
+                    if rest:  # ahead of whatever the engine submitted for this stream since
+                        newer = self._pending.pop(key, (stream, []))[1]
+                        self._pending[key] = (stream, rest + newer)
                     # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
                     # thread costs this one the GIL.
                     if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:

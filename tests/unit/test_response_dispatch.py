@@ -12,8 +12,8 @@ from embedded_engine.sampling import SamplingParams
 from embedded_engine.scheduler import EngineEvent
 
 
-def request(streaming=True, **kw) -> GenerationRequest:
-    return GenerationRequest(request_id="r", batch_index=0, batch_size=1, prompt=(1, 2), max_new_tokens=8,
+def request(streaming=True, request_id="r", **kw) -> GenerationRequest:
+    return GenerationRequest(request_id=request_id, batch_index=0, batch_size=1, prompt=(1, 2), max_new_tokens=8,
                              sampling=SamplingParams(), streaming=streaming, **kw)
 
 
@@ -130,3 +130,56 @@ def test_a_hung_send_slows_the_engine_down_but_never_stops_it():
     finally:
         sender.release.set()
         dispatcher.shutdown()
+
+
+def test_a_backlog_goes_out_one_response_per_stream_per_round():
+    """When sending falls behind, the dispatcher sends as a GPU engine emits, one token per stream per step,
+    and a stream that arrives meanwhile gets its first token before the others' backlogs, not after them."""
+    gate = threading.Event()
+    order = []
+
+    class Recorder:
+        def __init__(self, name):
+            self.name, self.done = name, threading.Event()
+
+        def send(self, outputs, final=False):
+            gate.wait(5)
+            order.append((self.name, outputs["output_ids"].reshape(-1).tolist()[0]))
+            if final:
+                self.done.set()
+
+        def send_error(self, error):
+            self.done.set()
+
+        def finish(self):
+            self.done.set()
+
+    reqs = {name: request(request_id=name) for name in "abc"}
+    senders = {name: Recorder(name) for name in "abc"}
+    streams = {name: TritonRequestStream([reqs[name]], senders[name], vocab_size=10) for name in "abc"}
+    dispatcher = ResponseDispatcher()
+    try:
+        gate.set()
+        for name, token in (("a", 1), ("b", 11)):  # both streams have started
+            dispatcher.submit(streams[name], EngineEvent(reqs[name], token_ids=[token]))
+        while len(order) < 2:
+            time.sleep(0.01)
+        gate.clear()  # sending stalls: the engine runs ahead
+        dispatcher.submit(streams["a"], EngineEvent(reqs["a"], token_ids=[2]))
+        time.sleep(0.1)  # the dispatcher is now held in a2's send
+        for token in (3, 4):
+            dispatcher.submit(streams["a"], EngineEvent(reqs["a"], token_ids=[token]))
+        for token in (12, 13):
+            dispatcher.submit(streams["b"], EngineEvent(reqs["b"], token_ids=[token]))
+        dispatcher.submit(streams["c"], EngineEvent(reqs["c"], token_ids=[21]))  # a new request
+        for name, token in (("a", 5), ("b", 14), ("c", 22)):
+            dispatcher.submit(streams[name], EngineEvent(reqs[name], token_ids=[token], finished=True,
+                                                         finish_reason="length"))
+        gate.set()
+        assert all(sender.done.wait(5) for sender in senders.values())
+    finally:
+        gate.set()
+        dispatcher.shutdown()
+    assert order[:3] == [("a", 1), ("b", 11), ("a", 2)]  # a2 was being sent while the backlog built up
+    # then rounds of one response per stream, the stream still waiting for its first response first
+    assert order[3:] == [("c", 21), ("a", 3), ("b", 12), ("c", 22), ("a", 4), ("b", 13), ("a", 5), ("b", 14)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 import types
 
 import numpy as np
@@ -56,7 +57,23 @@ class _MetricFamily:
         _MetricFamily.created.append(name)
 
     def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' name
-        return types.SimpleNamespace(increment=lambda v: None, set=lambda v: None, observe=lambda v: None)
+        return _RecordedMetric()
+
+
+class _RecordedMetric:
+    """What the stub's metric was asked, in order."""
+
+    def __init__(self):
+        self.calls = []
+
+    def increment(self, value):
+        self.calls.append(("increment", value))
+
+    def set(self, value):
+        self.calls.append(("set", value))
+
+    def observe(self, value):
+        self.calls.append(("observe", value))
 
 
 @pytest.fixture(scope="module")
@@ -217,6 +234,30 @@ def test_closed_metrics_release_their_families_and_ignore_updates(triton_io):
     gc.collect()
     assert family() is None  # released in finalize, not left to the stub's exit
     tokens.increment()  # an update racing the unload is dropped, not an error
+
+
+def test_counts_and_gauges_reach_triton_once_per_flush_not_per_update(triton_io):
+    """Each pb_utils metric call is a round trip to tritonserver: the engine's per-token counts are summed
+    in the process and handed over every FLUSH_S; close() hands over what is still pending."""
+    metrics = triton_io.Metrics()
+    tokens = metrics.counter("llm_tokens_total", "d", {})
+    active = metrics.gauge("llm_active", "d", {})
+    first_token = metrics.histogram("llm_first_token_seconds", "d", {}, [0.1, 1.0])
+    stub_tokens, stub_active, stub_first = (m._metric for m in (tokens, active, first_token))
+    for _ in range(1000):
+        tokens.increment()
+    active.set(3)
+    active.set(2)
+    first_token.observe(0.05)
+    assert stub_first.calls == [("observe", 0.05)]  # one per request: at once
+    deadline = time.monotonic() + 5
+    while not stub_tokens.calls and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(3 * triton_io.Metrics.FLUSH_S)
+    assert stub_tokens.calls == [("increment", 1000)] and stub_active.calls == [("set", 2)]
+    tokens.increment(5)
+    metrics.close()
+    assert stub_tokens.calls == [("increment", 1000), ("increment", 5)]
 
 
 def test_request_parameters_are_refused_by_name(triton_io):
