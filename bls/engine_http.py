@@ -1,16 +1,16 @@
 """Engine streams over this server's HTTP `generate_stream` endpoint: the BLS's per-token path.
 
-Why HTTP for the common case: a Python process reading engine streams over gRPC spends 150-185 µs of CPU per
-streamed token on the 2-core development machine (grpcio's asyncio API costs the same); reading Triton's
-server-sent events from a socket costs about a third of that (README, Benchmarks, measures both). The generate endpoint
-converts JSON to tensors by the engine's own config (Triton's http_server.cc, GenerateRequestClass:
-ExactMappingInput): a value's elements fill the innermost dynamic dim, other dynamic dims are 1, so a request
-is carried exactly only when every input has that shape; and it cannot choose outputs: every output is
-requested, and what the engine sends comes back, one-element tensors as JSON scalars. The tensorrtllm backend
-(1.2, model_instance_state.cc fillTritonResponse) sends a requested output only when the request asked the
-executor for it (log probs, logits, token counts, perf metrics), so a plain request still gets output_ids and
-sequence_length only; the embedded engine does the same. `carries()` says which requests it carries exactly;
-the rest go over gRPC (bls.engine_streams). The request id travels in the body's "id" (Triton 2.49+).
+Why HTTP for the common case: a Python process reading engine streams over gRPC spends 150-215 µs of CPU per
+streamed token (grpcio's asyncio API costs the same); reading Triton's server-sent events from a socket costs
+55-70 µs (`make bench --only streaming` measures both). The generate endpoint converts JSON to tensors by the
+engine's own config (Triton's http_server.cc, GenerateRequestClass::ExactMappingInput): a value's elements
+fill the innermost dynamic dim, other dynamic dims are 1, so a request is carried exactly only when every
+input has that shape; and it cannot choose outputs: every output is requested, and what the engine sends comes
+back, one-element tensors as JSON scalars. The tensorrtllm backend (1.2, model_instance_state.cc
+fillTritonResponse) sends a requested output only when the request asked the executor for it (log probs,
+logits, token counts, perf metrics), so a plain request still gets output_ids and sequence_length only; the
+embedded engine does the same. `carries()` says which requests it carries exactly; the rest go over gRPC
+(bls.engine_streams). The request id travels in the body's "id" (Triton 2.49+).
 
 Closing the connection is how an HTTP client cancels: Triton cancels the request, which the tensorrtllm backend
 polls (cancellation_check_period_ms) and the embedded engine checks between steps.

@@ -13,7 +13,7 @@ server's own endpoints, whose clients never hold the GIL while they wait. Non-st
 stay in-process: exec(decoupled=False) does not touch the iterator map.
 
 Which endpoint: HTTP `generate_stream` for every request it carries exactly (bls.engine_http: the plain
-token stream, a quarter of gRPC's CPU per token in this process), gRPC `ModelStreamInfer` for the rest (outputs
+token stream, about a third of gRPC's CPU per token in this process), gRPC `ModelStreamInfer` for the rest (outputs
 such as logits or log probs, FP16 inputs, beam search). Where: the model parameters `engine_http_url` and
 `engine_grpc_url` when set, else what the tritonserver process that started this stub was told on its command
 line (--http-address/--http-port, --grpc-address/--grpc-port; Triton's defaults 0.0.0.0, 8000 and 8001), so

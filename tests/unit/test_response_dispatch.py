@@ -138,21 +138,18 @@ def test_a_backlog_goes_out_one_response_per_stream_per_round():
     gate = threading.Event()
     order = []
 
-    class Recorder:
+    class Recorder(SlowSender):
+        """All streams' sends held by one gate and logged in one order."""
+
         def __init__(self, name):
-            self.name, self.done = name, threading.Event()
+            super().__init__()
+            self.name = name
 
         def send(self, outputs, final=False):
             gate.wait(5)
             order.append((self.name, outputs["output_ids"].reshape(-1).tolist()[0]))
             if final:
                 self.done.set()
-
-        def send_error(self, error):
-            self.done.set()
-
-        def finish(self):
-            self.done.set()
 
     reqs = {name: request(request_id=name) for name in "abc"}
     senders = {name: Recorder(name) for name in "abc"}
