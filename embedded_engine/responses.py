@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Mapping, Protocol
 
@@ -254,7 +255,8 @@ class ResponseDispatcher:
 
     def __init__(self, merge: bool = False) -> None:
         self._merge = merge
-        self._pending: dict[int, tuple[TritonRequestStream, list[EngineEvent]]] = {}
+        # Streams with events to send, in the order the next round serves them (after first responses).
+        self._pending: dict[int, tuple[TritonRequestStream, deque[EngineEvent]]] = {}
         self._backlog = 0  # events submitted and not yet sent
         self._engine_waits_for: int | None = None  # the backlog an engine in wait_for_backlog waits for
         self._wakeup = threading.Condition()
@@ -269,7 +271,7 @@ class ResponseDispatcher:
             if key in self._pending:
                 self._pending[key][1].append(event)
             else:
-                self._pending[key] = (stream, [event])
+                self._pending[key] = (stream, deque([event]))
             self._wakeup.notify()
 
     def wait_for_backlog(self, events_per_step: int, timeout_s: float = 1.0) -> None:
@@ -301,22 +303,24 @@ class ResponseDispatcher:
                     self._wakeup.wait()
                 if not self._pending:
                     return
-                batch, self._pending = self._pending, {}
-            # One round: first responses first (a new request's first token does not wait behind long streams),
-            # then one response per stream, as a GPU engine emits them (one token per stream per step); what a
-            # stream has left waits for the next round, which serves streams that arrived meanwhile first.
-            for key, (stream, events) in sorted(batch.items(), key=lambda item: item[1][0].started):
-                if self._merge:
-                    stream.on_event(merge_events(events))
-                    sent, rest = events, []
-                else:
-                    stream.on_event(events[0])
-                    sent, rest = events[:1], events[1:]
+                # One round: first responses first (a new request's first token does not wait behind long
+                # streams), then one response per stream, as a GPU engine emits them (one token per stream per
+                # step); a stream with more waiting goes to the back, behind streams that arrive meanwhile.
+                rounds = []
+                for key, (stream, events) in sorted(self._pending.items(), key=lambda item: item[1][0].started):
+                    if self._merge:
+                        taken = list(events)
+                        events.clear()
+                    else:
+                        taken = [events.popleft()]
+                    entry = self._pending.pop(key)
+                    if events:
+                        self._pending[key] = entry
+                    rounds.append((stream, taken))
+            for stream, taken in rounds:
+                stream.on_event(merge_events(taken) if self._merge else taken[0])
                 with self._wakeup:
-                    self._backlog -= len(sent)
-                    if rest:  # ahead of whatever the engine submitted for this stream since
-                        newer = self._pending.pop(key, (stream, []))[1]
-                        self._pending[key] = (stream, rest + newer)
+                    self._backlog -= len(taken)
                     # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
                     # thread costs this one the GIL.
                     if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:
