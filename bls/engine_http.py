@@ -108,12 +108,8 @@ def tensors(event: Mapping[str, object], wanted: frozenset[str]) -> Tensors:
 
 
 class EventStreamError(RuntimeError):
-    """The endpoint refused the request (status, message) or sent an error event (status 200)."""
-
-    def __init__(self, status: int, message: str):
-        super().__init__(message)
-        self.status = status
-        self.message = message
+    """The endpoint refused the request or sent an error event; the message is the server's (Triton 2.51 answers
+    a model's refusal with 400 whatever its kind, server issue #7804, so the status says nothing more)."""
 
 
 class Disconnected(ConnectionError):
@@ -150,16 +146,16 @@ class GenerateStreams:
                 except (OSError, http.client.HTTPException) as error:
                     raise Disconnected(str(error)) from error
             if response.status != 200:
-                raise EventStreamError(response.status, _error_message(response.read()))
+                raise EventStreamError(_error_message(response.read()))
             if not response.chunked:
                 raise Disconnected(f"{model_name}: generate_stream answered without chunked transfer encoding")
             for payload in _data_events(response.fp):
                 try:
                     event = json.loads(payload)
                 except ValueError as error:
-                    raise EventStreamError(200, f"an event that is not JSON ({error}): {payload[:200]!r}") from None
+                    raise EventStreamError(f"an event that is not JSON ({error}): {payload[:200]!r}") from None
                 if "error" in event:
-                    raise EventStreamError(200, str(event["error"]))
+                    raise EventStreamError(str(event["error"]))
                 yield event
             response.close()  # leaves the socket open for the next request
             reusable = True

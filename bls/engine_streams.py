@@ -159,7 +159,7 @@ class EngineStreams:
             for event in self._http.events(model_name, request_body(inputs, request_id), on_open):
                 yield tensors(event, wanted)
         except EventStreamError as error:
-            raise ModelStepError(model_name, error.message, kind=error_kind(error.message)) from None
+            raise ModelStepError(model_name, str(error), kind=error_kind(str(error))) from None
         except Disconnected as error:
             if key in self._cancelled:
                 raise GenerationCancelled(request_id) from None
