@@ -59,7 +59,9 @@ def long_stream_rows(ctx: BenchContext, label: str, tokens: int, accumulate: boo
             samples.append((count, bls_cpu_seconds(server)))
             next_boundary = next(boundaries, None)
 
-    trace = session.generate_stream(MODEL, body(PROMPTS[0], tokens, True), on_event=on_event)
+    # Running counts in every streamed response: how the quarters are found.
+    counted = {**body(PROMPTS[0], tokens, True), "return_num_output_tokens": True}
+    trace = session.generate_stream(MODEL, counted, on_event=on_event)
     session.close()
     events = trace.events
     # Accumulating: every response carries the whole text so far, the final one included.

@@ -46,6 +46,19 @@ def test_streamed_deltas_add_up_to_the_non_streamed_text(endpoint, prompt):
     assert events[-1]["finish_reason"] == "length"
 
 
+def test_streamed_token_counts_come_when_asked(endpoint):
+    """Intermediate responses carry a running num_output_tokens only with return_num_output_tokens (as NVIDIA's
+    1.2 BLS); the final response always carries both counts."""
+    body = {"text_input": "count", "max_tokens": 12, "end_id": -1, "stream": True}
+    plain = generate_stream(endpoint.http, BLS, body)
+    counted = generate_stream(endpoint.http, BLS, {**body, "return_num_output_tokens": True})
+    assert all("num_output_tokens" not in event for event in plain[:-1])
+    counts = [event["num_output_tokens"] for event in counted[:-1]]
+    assert counts == sorted(counts) and 0 < counts[0] and counts[-1] <= 12
+    for events in (plain, counted):
+        assert events[-1]["num_output_tokens"] == 12 and events[-1]["num_input_tokens"] > 0
+
+
 def test_stream_equals_non_stream_over_many_random_outputs(endpoint):
     """Sampled outputs of the random model: many different byte-token sequences."""
     for seed in range(12):

@@ -86,6 +86,18 @@ def test_streamed_deltas_add_up_to_the_final_text(bundle, models):
     assert len(plain.responses) == 1 and text_of(plain.responses[0]) == SCRIPT_TEXT
 
 
+def test_streamed_responses_carry_running_token_counts_only_when_asked(bundle, models):
+    plain, counted = Sink(), Sink()
+    TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]]), plain)
+    TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]], return_num_output_tokens=[[True]]), counted)
+    assert all(set(r) == {"text_output"} for r in plain.responses[:-1])
+    counts = [int(r["num_output_tokens"][0, 0]) for r in counted.responses[:-1]]
+    assert counts == list(range(1, len(models.script) + 1))  # one token per engine response here
+    for sink in (plain, counted):  # the final response always has both counts
+        assert sink.responses[-1]["num_output_tokens"][0, 0] == len(models.script)
+        assert sink.responses[-1]["num_input_tokens"][0, 0] > 0
+
+
 def test_accumulate_tokens_sends_the_whole_text_so_far(bundle, models):
     config = BlsConfig(**{**CONFIG.__dict__, "accumulate_tokens": True})
     sink = Sink()
@@ -139,7 +151,8 @@ def merged_stream(responses, accumulate=False):
 def test_merged_responses_carry_the_same_text_and_count(bundle, models, accumulate):
     config = BlsConfig(**{**CONFIG.__dict__, "accumulate_tokens": accumulate})
     sink = Sink()
-    TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
+    TextGenerator(config, models, bundle).generate(request(config, stream=[[True]], return_num_output_tokens=[[True]]),
+                                                   sink)
     assert len(sink.responses) > 3
     (merged, final) = merged_stream(sink.responses, accumulate)
     text = text_of(merged) if accumulate else text_of(merged) + text_of(final)
