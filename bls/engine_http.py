@@ -2,7 +2,8 @@
 
 Why HTTP for the common case: a Python process reading engine streams over gRPC spends 150-215 µs of CPU per
 streamed token (grpcio's asyncio API costs the same); reading Triton's server-sent events from a socket costs
-55-70 µs (`make bench --only streaming` measures both). The generate endpoint converts JSON to tensors by the
+55-70 µs with a thread per stream, less with one thread reading them all (GenerateStreams says why; `make bench
+--only streaming` measures both transports). The generate endpoint converts JSON to tensors by the
 engine's own config (Triton's http_server.cc, GenerateRequestClass::ExactMappingInput): a value's elements
 fill the innermost dynamic dim, other dynamic dims are 1, so a request is carried exactly only when every
 input has that shape; and it cannot choose outputs: every output is requested, and what the engine sends comes
@@ -18,11 +19,14 @@ polls (cancellation_check_period_ms) and the embedded engine checks between step
 
 from __future__ import annotations
 
-import http.client
 import json
+import logging
+import select
+import selectors
 import socket
 import threading
-from typing import BinaryIO, Callable, Iterator, Mapping
+import time
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -36,6 +40,8 @@ CARRIED_OUTPUTS = frozenset({"output_ids", "sequence_length"})
 _INPUT_DIMS = {spec.name: (-1, *spec.dims) for spec in TENSORRT_LLM.inputs}  # with the batch dim
 _JSON_KINDS = "biuf"  # bool, int, uint, float (not float16: Triton's JSON has no FP16 or BF16, either way)
 _MAX_LINE = 1 << 16
+_RECV_BYTES = 1 << 16
+log = logging.getLogger(__name__)
 
 
 def carries(inputs: Mapping[str, np.ndarray], outputs: frozenset[str]) -> bool:
@@ -113,117 +119,360 @@ class EventStreamError(RuntimeError):
 
 
 class Disconnected(ConnectionError):
-    """The connection broke or was shut down (by cancel()) before the stream's end."""
+    """The connection broke or was shut down (by stop()) before the stream's end."""
 
 
 class GenerateStreams:
-    """Keep-alive connections to one HTTP endpoint, a stream at a time on each (a pool shared by threads)."""
+    """generate_stream calls to one HTTP endpoint over keep-alive connections, every open stream read by one
+    thread (the reader) that runs each stream's `on_event` itself.
+
+    Why one reader: with a blocking reader thread per stream, every engine event woke a thread that then had to
+    win the GIL, 60-75 µs of CPU an event in this process; one thread that waits on all the sockets at once and
+    reads what is ready at most once per SWEEP_S pays one wake-up for every event of every stream that arrived in
+    the meantime (a minimal reader, 16 streams on 2 cores: 67-85 µs an event woken per event, 43-50 µs with 1-2 ms
+    sweeps). The cost: an event waits up to SWEEP_S longer (a GPU step is 10-50 ms).
+    """
+
+    SWEEP_S = 0.002
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self._lock = threading.Lock()
-        self._idle: list[http.client.HTTPConnection] = []
+        self._idle: list[socket.socket] = []
+        self._arriving: list[HttpStream] = []  # opened, for the reader to register
+        self._selector = selectors.DefaultSelector()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, None)
+        self._reader = threading.Thread(target=self._read_forever, name="engine-http-reader", daemon=True)
+        self._reader.start()
 
-    def events(self, model_name: str, body: bytes,
-               on_open: Callable[[http.client.HTTPConnection], None] | None = None) -> Iterator[dict]:
-        """The parsed data events of one generate_stream call. `on_open(connection)` is called once the
-        connection is up and before the request is sent, so that another thread can shut() it. A stream read to
-        its end returns its connection to the pool; one left early (or broken) is closed, which cancels the
-        request in Triton."""
-        connection, reused = self._connection()
-        reusable = False
+    def open(self, model_name: str, body: bytes, on_event: Callable[[dict], bool],
+             on_open: Callable[["HttpStream"], None] | None = None,
+             on_end: Callable[[], None] | None = None) -> "HttpStream":
+        """Send one generate_stream request; its data events go to `on_event(event)` on the reader thread, which
+        must not block: returning False ends the stream there (its connection is closed: Triton cancels the
+        request). `on_open(stream)` is called once connected, before the request is sent, so that another thread
+        can stop() it; `on_end()` once the stream has ended, on the reader thread. Raises Disconnected when the
+        endpoint cannot be reached."""
+        stream = HttpStream(self, _request_bytes(self.host, self.port, model_name, body), on_event, on_end)
+        sock, reused = self._connection()
+        stream._use(sock, reused)
+        if on_open is not None:
+            on_open(stream)
         try:
-            try:
-                response = self._post(connection, model_name, body, on_open)
-            except (OSError, http.client.HTTPException) as error:
-                if not reused:
-                    raise Disconnected(str(error)) from error
-                # The server closed an idle keep-alive connection: once more on a new one.
-                connection.close()
-                connection = self._new_connection()
+            sock.sendall(stream._request)
+        except OSError as error:
+            if not reused:
+                stream._finish(Disconnected(str(error)), reusable=False)
+                raise Disconnected(str(error)) from error
+            stream._send_again()  # the server closed this idle connection: once more on a new one
+        stream._sock.setblocking(False)
+        with self._lock:
+            self._arriving.append(stream)
+        self._wake_writer.send(b"\0")
+        return stream
+
+    def _connection(self) -> tuple[socket.socket, bool]:
+        """An idle connection (reused: True) or a new one. An idle connection that is readable has been closed
+        by the server (or holds bytes nobody asked for) and is dropped."""
+        while True:
+            with self._lock:
+                sock = self._idle.pop() if self._idle else None
+            if sock is None:
+                return self._new_connection(), False
+            if not select.select([sock], [], [], 0)[0]:
+                return sock, True
+            sock.close()
+
+    def _new_connection(self) -> socket.socket:
+        try:
+            sock = socket.create_connection((self.host, self.port))
+        except OSError as error:
+            raise Disconnected(str(error)) from error
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
+
+    def _release(self, sock: socket.socket, reusable: bool) -> None:
+        if reusable:
+            sock.setblocking(True)
+            with self._lock:
+                self._idle.append(sock)
+        else:
+            sock.close()
+
+    # -- the reader thread ---------------------------------------------------------------------------------
+    def _read_forever(self) -> None:
+        while True:
+            swept = time.monotonic()
+            for key, _ in self._selector.select():
+                stream = key.data
                 try:
-                    response = self._post(connection, model_name, body, on_open)
-                except (OSError, http.client.HTTPException) as error:
-                    raise Disconnected(str(error)) from error
-            if response.status != 200:
-                raise EventStreamError(_error_message(response.read()))
-            if not response.chunked:
-                raise Disconnected(f"{model_name}: generate_stream answered without chunked transfer encoding")
-            for payload in _data_events(response.fp):
+                    if stream is None:
+                        self._register_arrivals()
+                    else:
+                        stream._read()  # ends its stream on any error of its own
+                except Exception:  # noqa: BLE001 - this thread reads every stream of the process: it must go on
+                    log.exception("the engine stream reader failed on one stream")
+                    if stream is not None:
+                        stream._finish(Disconnected("the engine stream reader failed; see the log"), reusable=False)
+            pause = swept + self.SWEEP_S - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+
+    def _register_arrivals(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except BlockingIOError:
+            pass
+        with self._lock:
+            arriving, self._arriving = self._arriving, []
+        for stream in arriving:
+            stream._register()
+
+    def _register(self, stream: "HttpStream") -> None:
+        self._selector.register(stream._sock, selectors.EVENT_READ, stream)
+
+    def _unregister(self, stream: "HttpStream") -> None:
+        try:
+            self._selector.unregister(stream._sock)
+        except (KeyError, ValueError):
+            pass  # not registered yet (it ended before the reader saw it arrive)
+
+
+class HttpStream:
+    """One generate_stream call, read by GenerateStreams' reader thread."""
+
+    def __init__(self, streams: GenerateStreams, request: bytes, on_event: Callable[[dict], bool],
+                 on_end: Callable[[], None] | None):
+        self._streams = streams
+        self._request = request
+        self._on_event = on_event
+        self._on_end = on_end
+        self._lock = threading.Lock()  # guards _sock's life against stop() from other threads
+        self._sock: socket.socket | None = None
+        self._reused = False
+        self._received = 0
+        self._response = ResponseReader()
+        self._done = threading.Event()
+        self._ended = False
+        self._stopped = False
+        self._outcome: BaseException | bool | None = None  # True: read to the end; False: on_event stopped it
+
+    def wait(self) -> bool:
+        """Block until the stream ends: True when it was read to its end, False when on_event stopped it. Raises
+        EventStreamError (a refusal or an error event), Disconnected, or what on_event raised."""
+        self._done.wait()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return bool(self._outcome)
+
+    def stop(self) -> None:
+        """Break the stream from any thread: it ends with Disconnected, and Triton cancels the request."""
+        with self._lock:
+            self._stopped = True
+            if not self._ended and self._sock is not None:
+                _shut(self._sock)
+
+    def _use(self, sock: socket.socket, reused: bool) -> None:
+        with self._lock:
+            self._sock, self._reused, self._received = sock, reused, 0
+            if self._stopped:
+                _shut(sock)
+
+    def _send_again(self) -> None:
+        """On a new connection (the server closed the reused one before answering): on the opening thread, or
+        rarely on the reader thread, which then waits for a loopback connect."""
+        with self._lock:
+            old = self._sock
+            stopped = self._stopped or self._ended
+        old.close()
+        if stopped:
+            self._finish(Disconnected("stopped before the request was sent"), reusable=False)
+            raise Disconnected("stopped before the request was sent")
+        try:
+            sock = self._streams._new_connection()
+            self._use(sock, False)
+            sock.sendall(self._request)
+        except OSError as error:
+            self._finish(Disconnected(str(error)), reusable=False)
+            raise Disconnected(str(error)) from error
+
+    def _register(self) -> None:
+        with self._lock:
+            if self._ended:
+                return
+        self._streams._register(self)
+
+    def _read(self) -> None:
+        """Read what is there and hand its events on (reader thread)."""
+        try:
+            data = self._sock.recv(_RECV_BYTES)
+        except BlockingIOError:
+            return
+        except OSError as error:
+            data, broken = b"", error
+        else:
+            broken = None
+        try:
+            if not data:
+                if self._reused and not self._received and broken is None and not self._stopped:
+                    # The server closed the reused idle connection without reading the request: send it again.
+                    self._streams._unregister(self)
+                    self._send_again()
+                    self._sock.setblocking(False)
+                    self._streams._register(self)
+                    return
+                self._finish(self._response.at_close(broken), reusable=False)
+                return
+            self._received += len(data)
+            for payload in self._response.feed(data):
                 try:
                     event = json.loads(payload)
                 except ValueError as error:
                     raise EventStreamError(f"an event that is not JSON ({error}): {payload[:200]!r}") from None
                 if "error" in event:
                     raise EventStreamError(str(event["error"]))
-                yield event
-            response.close()  # leaves the socket open for the next request
-            reusable = True
-        finally:
-            if reusable:
-                with self._lock:
-                    self._idle.append(connection)
-            else:
-                connection.close()
+                if self._on_event(event) is False:
+                    self._finish(False, reusable=False)  # closing the connection cancels the request in Triton
+                    return
+            if self._response.complete:
+                error = self._response.refusal()
+                self._finish(error or True, reusable=error is None and self._response.reusable)
+        except BaseException as error:  # noqa: BLE001 - it ends this stream, never the reader
+            self._finish(error, reusable=False)
 
-    @staticmethod
-    def shut(connection: http.client.HTTPConnection) -> None:
-        """Break `connection` from another thread: its reader stops at once with Disconnected."""
-        sock = connection.sock
-        if sock is not None:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed
-
-    @staticmethod
-    def _post(connection: http.client.HTTPConnection, model_name: str, body: bytes,
-              on_open: Callable[[http.client.HTTPConnection], None] | None) -> http.client.HTTPResponse:
-        if connection.sock is None:
-            connection.connect()  # now, so that on_open's caller has a socket to shut down
-        if on_open is not None:
-            on_open(connection)
-        connection.request("POST", f"/v2/models/{model_name}/generate_stream", body,
-                           {"Content-Type": "application/json"})
-        return connection.getresponse()
-
-    def _connection(self) -> tuple[http.client.HTTPConnection, bool]:
-        """An idle connection (reused: True) or a new one."""
+    def _finish(self, outcome: BaseException | bool, reusable: bool) -> None:
         with self._lock:
-            if self._idle:
-                return self._idle.pop(), True
-        return self._new_connection(), False
-
-    def _new_connection(self) -> http.client.HTTPConnection:
-        # No timeout, as on the gRPC path: a generation may rightly wait long for its next token.
-        return http.client.HTTPConnection(self.host, self.port)
-
-
-def _data_events(body: BinaryIO) -> Iterator[bytes]:
-    """The data of each server-sent event of a chunked body, up to its last chunk. http.client's own chunked
-    reading cannot be used: it ends a body the same way whether the last chunk came or the connection broke.
-    Raises Disconnected when the body stops before its last chunk."""
-    pending = b""
-    try:
-        while True:
-            size_line = body.readline(_MAX_LINE)
-            if not size_line.endswith(b"\n"):
-                raise Disconnected("the connection closed before the stream's end")
-            size = int(size_line.split(b";", 1)[0], 16)
-            if size == 0:
-                body.readline(_MAX_LINE)  # the CRLF after the last chunk (Triton sends no trailers)
+            if self._ended:
                 return
-            chunk = body.read(size + 2)  # the chunk and its CRLF
-            if len(chunk) != size + 2:
-                raise Disconnected("the connection closed inside a chunk")
-            pending += chunk[:-2]
-            *events, pending = pending.split(b"\n\n")
-            for event in events:
-                for line in event.split(b"\n"):
-                    if line.startswith(b"data:"):
-                        yield line[5:]
-    except (OSError, ValueError) as error:
-        raise Disconnected(str(error)) from error
+            self._ended = True
+            sock = self._sock
+        if sock is not None:
+            self._streams._unregister(self)
+            self._streams._release(sock, reusable)
+        self._outcome = outcome
+        self._done.set()
+        if self._on_end is not None:
+            self._on_end()
+
+
+class ResponseReader:
+    """An HTTP/1.1 response to generate_stream, parsed as its bytes arrive: the data of each server-sent event
+    of a chunked 200 response; the body of any other (a refusal). http.client cannot be used: its chunked reading
+    ends a body the same way whether the last chunk came or the connection broke."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+        self._state = "head"
+        self.status = 0
+        self._chunked = False
+        self._length: int | None = None
+        self._chunk_size = 0
+        self._pending = b""  # event text not ended by a blank line yet
+        self._body = b""  # a refusal's body
+        self.complete = False
+        self.reusable = True
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The data of the events that `data` completes."""
+        self._buffer += data
+        events: list[bytes] = []
+        while not self.complete:
+            if self._state == "head":
+                end = self._buffer.find(b"\r\n\r\n")
+                if end < 0:
+                    if len(self._buffer) > _MAX_LINE:
+                        raise Disconnected("a response head over 64 KiB")
+                    break
+                self._head(self._buffer[:end].decode("latin-1"))
+                self._buffer = self._buffer[end + 4:]
+            elif self._state == "size":
+                end = self._buffer.find(b"\r\n")
+                if end < 0:
+                    break
+                self._chunk_size = int(self._buffer[:end].split(b";", 1)[0], 16)
+                self._buffer = self._buffer[end + 2:]
+                self._state = "chunk" if self._chunk_size else "trailer"
+            elif self._state == "chunk":
+                if len(self._buffer) < self._chunk_size + 2:
+                    break
+                chunk = self._buffer[:self._chunk_size]
+                self._buffer = self._buffer[self._chunk_size + 2:]
+                self._state = "size"
+                if self.status == 200:
+                    events += self._events(chunk)
+                else:
+                    self._body += chunk
+            elif self._state == "trailer":
+                end = self._buffer.find(b"\r\n")
+                if end < 0:
+                    break
+                self._buffer = self._buffer[end + 2:]
+                self.complete = end == 0  # Triton sends no trailers; any would end with an empty line
+            else:  # "length": a body of Content-Length bytes
+                self._body += self._buffer
+                self._buffer = b""
+                self.complete = len(self._body) >= self._length
+                break
+        if self.complete and self._buffer:
+            self.reusable = False  # bytes nobody asked for: not a connection to send anything else on
+        return events
+
+    def refusal(self) -> EventStreamError | None:
+        """The error of a complete response other than 200."""
+        return None if self.status == 200 else EventStreamError(_error_message(self._body))
+
+    def at_close(self, broken: OSError | None) -> BaseException:
+        """What the connection's end before `complete` means."""
+        if self.status not in (0, 200) and self._length is None and not self._chunked:
+            return EventStreamError(_error_message(self._body))  # a refusal whose body ends with the connection
+        reason = f" ({broken})" if broken else ""
+        return Disconnected(f"the connection closed before the stream's end{reason}")
+
+    def _head(self, head: str) -> None:
+        status_line, *lines = head.split("\r\n")
+        parts = status_line.split(" ", 2)
+        if len(parts) < 2 or not parts[1].isdigit():
+            raise Disconnected(f"not an HTTP response: {status_line[:100]!r}")
+        self.status = int(parts[1])
+        for line in lines:
+            name, _, value = line.partition(":")
+            name, value = name.strip().lower(), value.strip().lower()
+            if name == "transfer-encoding":
+                self._chunked = "chunked" in value
+            elif name == "content-length":
+                self._length = int(value)
+            elif name == "connection" and value == "close":
+                self.reusable = False
+        if self._chunked:
+            self._state = "size"
+        elif self.status == 200:
+            raise Disconnected("generate_stream answered without chunked transfer encoding")
+        elif self._length is not None:
+            self._state = "length"
+            self.complete = self._length == 0
+        else:
+            self._state = "length"
+            self._length = 1 << 62  # until the connection closes (at_close)
+            self.reusable = False
+
+    def _events(self, chunk: bytes) -> list[bytes]:
+        *events, self._pending = (self._pending + chunk).split(b"\n\n")
+        return [line[5:] for event in events for line in event.split(b"\n") if line.startswith(b"data:")]
+
+
+def _shut(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # already broken or closed
+
+
+def _request_bytes(host: str, port: int, model_name: str, body: bytes) -> bytes:
+    return (f"POST /v2/models/{model_name}/generate_stream HTTP/1.1\r\nHost: {host}:{port}\r\n"
+            f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
 
 
 def _error_message(payload: bytes) -> str:

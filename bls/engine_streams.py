@@ -23,7 +23,9 @@ everything over gRPC.
 
 from __future__ import annotations
 
+import queue
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Mapping
 
@@ -33,7 +35,7 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, serialize_byte_tensor, triton_to_np_dtype
 
 from bls.contract import TENSORRT_LLM
-from bls.engine_http import Disconnected, EventStreamError, GenerateStreams, carries, request_body, tensors
+from bls.engine_http import Disconnected, EventStreamError, GenerateStreams, HttpStream, carries, request_body, tensors
 from bls.errors import GenerationCancelled, ModelStepError
 
 Tensors = dict[str, np.ndarray]
@@ -140,36 +142,74 @@ class EngineStreams:
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterator[Tensors]:
-        """The responses of one request (its last one may be empty). Closing the iterator early cancels the
-        request: Triton cancels it in the engine, as it does for any client that goes away."""
+        """The responses of one request (its last one may be empty), read on the caller's thread. Closing the
+        iterator early cancels the request: Triton cancels it in the engine, as it does for any client that goes
+        away."""
         wanted = frozenset(outputs)
         if self._http is not None and carries(inputs, wanted):
             return self._http_stream(model_name, inputs, wanted, request_id)
         return self._grpc_stream(model_name, inputs, wanted, request_id)
 
+    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
+        """Call `on_response` with each response of one request (its last one may be empty) and return when the
+        stream ends: True when read to its end, False when on_response returned False, which cancels the request.
+        Over HTTP, on_response runs on the one thread that reads every HTTP stream of this process (bls.engine_http:
+        one wake-up for many events), so it must not block; over gRPC, on the caller's thread."""
+        wanted = frozenset(outputs)
+        if self._http is not None and carries(inputs, wanted):
+            with self._http_call(model_name, inputs, request_id) as open_stream:
+                return open_stream(lambda event: on_response(tensors(event, wanted))).wait()
+        responses = self._grpc_stream(model_name, inputs, wanted, request_id)
+        try:
+            for response in responses:
+                if not on_response(response):
+                    return False
+            return True
+        finally:
+            responses.close()  # cancels the call when on_response stopped it
+
     def _http_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
                      request_id: str) -> Iterator[Tensors]:
-        key = object()
+        events: queue.SimpleQueue = queue.SimpleQueue()  # None: the stream has ended
+        with self._http_call(model_name, inputs, request_id) as open_stream:
+            stream = open_stream(lambda event: events.put(event) or True, on_end=lambda: events.put(None))
+            while (event := events.get()) is not None:
+                yield tensors(event, wanted)
+            stream.wait()  # raises how it ended
 
-        def on_open(connection) -> None:
+    @contextmanager
+    def _http_call(self, model_name: str, inputs: Mapping[str, np.ndarray], request_id: str):
+        """Gives a function that opens one HTTP engine stream registered for cancel(); maps how the stream ended to
+        our errors, and stops it (Triton cancels the request) when the caller leaves before its end."""
+        opened: list[HttpStream] = []
+
+        def on_open(stream: HttpStream) -> None:
+            opened.append(stream)
             with self._lock:
-                self._open[key] = (request_id, lambda: GenerateStreams.shut(connection))
+                self._open[stream] = (request_id, stream.stop)
+
+        def open_stream(on_event: Callable[[dict], bool], on_end: Callable[[], None] | None = None) -> HttpStream:
+            return self._http.open(model_name, request_body(inputs, request_id), on_event, on_open, on_end)
 
         try:
-            for event in self._http.events(model_name, request_body(inputs, request_id), on_open):
-                yield tensors(event, wanted)
+            yield open_stream
         except EventStreamError as error:
             raise ModelStepError(model_name, str(error), kind=error_kind(str(error))) from None
         except Disconnected as error:
-            if key in self._cancelled:
+            with self._lock:
+                cancelled = any(stream in self._cancelled for stream in opened)
+            if cancelled:
                 raise GenerationCancelled(request_id) from None
             raise ModelStepError(model_name, f"lost this server's HTTP endpoint at {self.http_url} ({error}); set "
                                              "the tensorrt_llm_bls parameter engine_http_url to where tritonserver "
                                              "serves HTTP", kind="unavailable") from None
         finally:
-            with self._lock:
-                self._open.pop(key, None)
-                self._cancelled.discard(key)
+            for stream in opened:
+                stream.stop()  # no-op once it has ended
+                with self._lock:
+                    self._open.pop(stream, None)
+                    self._cancelled.discard(stream)
 
     def _grpc_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
                      request_id: str) -> Iterator[Tensors]:

@@ -247,10 +247,11 @@ class Metrics:
     once. Families are created once per name and each metric keeps its family alive: a metric whose
     family was garbage-collected fails.
 
-    Counter increments and gauge values are gathered in the process and handed to Triton every FLUSH_S by one
-    thread: each pb_utils metric call is a round trip to tritonserver, and the embedded engine counts every
-    generated token (py-spy: its per-token increments were ~11 % of its samples under load). Histogram
-    observations (one per request) go at once.
+    Updates are gathered in the process and handed to Triton every FLUSH_S by one thread: each pb_utils metric
+    call is a round trip to tritonserver, and the embedded engine counts every generated token (py-spy: its
+    per-token increments were ~11 % of its samples under load); histogram observations too, because the BLS
+    observes a request's first token on the thread that reads every engine stream, which must never wait for
+    the lock that sends hold.
     """
 
     FLUSH_S = 0.1
@@ -316,6 +317,7 @@ class _Metric:
         self._pending = threading.Lock()  # guards the two values below, never held across a pb_utils call
         self._increment = 0.0
         self._value: float | None = None
+        self._observations: list[float] = []
 
     def increment(self, value: float = 1.0) -> None:
         with self._pending:
@@ -326,21 +328,24 @@ class _Metric:
             self._value = value
 
     def observe(self, value: float) -> None:
-        with self._lock:
-            if self._metric is not None:
-                self._metric.observe(value)
+        with self._pending:
+            self._observations.append(value)
 
     def flush(self) -> None:
-        """Hand Triton the increments and the last value since the previous flush (the caller holds the lock)."""
+        """Hand Triton the increments, the last value and the observations since the previous flush (the caller
+        holds the lock)."""
         with self._pending:
             increment, self._increment = self._increment, 0.0
             value, self._value = self._value, None
+            observations, self._observations = self._observations, []
         if self._metric is None:
             return
         if increment:
             self._metric.increment(increment)
         if value is not None:
             self._metric.set(value)
+        for observation in observations:
+            self._metric.observe(observation)
 
     def release(self) -> None:
         """Drop the metric, then its family (Metrics.close; called with the lock held)."""
@@ -390,6 +395,15 @@ class ChildModels:
         GenerationCancelled). Non-decoupled engines are called without streams: nothing to cancel."""
         if self._engine_streams is not None:
             self._engine_streams.cancel(request_id)
+
+    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
+        """`on_response` for each response of an engine request, on whichever thread reads it (it must not block);
+        returns when the stream ends: False when on_response returned False (the request is cancelled)."""
+        if self._engine_streams is None:
+            return on_response(self.infer(model_name, inputs, outputs, request_id))
+        return self._engine_streams.stream_each(model_name, inputs, outputs, request_id,
+                                                lambda tensors: on_response(tensors) if tensors else True)
 
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]:

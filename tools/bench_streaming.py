@@ -59,15 +59,19 @@ def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
 
 def _receive_us_per_token(engine: EngineStreams, streams: int, prompt_ids: list[int]) -> float:
     """CPU of this process per token received by `streams` threads reading engine streams as the BLS does
-    (bls.engine_streams), doing nothing else: the least a BLS process pays per token for its engine hop."""
+    (bls.engine_streams stream_each: over HTTP, the responses are handled on the one reader thread), doing
+    nothing else: the least a BLS process pays per token for its engine hop."""
     inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
               "request_output_len": np.array([[STREAM_TOKENS]], np.int32), "end_id": np.array([[-1]], np.int32),
               "streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
     received = [0] * streams
 
     def read(index: int) -> None:
-        for response in engine.stream("tensorrt_llm", inputs, ["output_ids", "sequence_length"]):
+        def count(response: dict) -> bool:
             received[index] += response["output_ids"].size if "output_ids" in response else 0
+            return True
+
+        engine.stream_each("tensorrt_llm", inputs, ["output_ids", "sequence_length"], f"receive-{index}", count)
 
     threads = [threading.Thread(target=read, args=(index,)) for index in range(streams)]
     began = time.process_time()

@@ -57,6 +57,11 @@ class ModelCaller(Protocol):
     def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                request_id: str = "") -> Iterable[Tensors]: ...
 
+    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
+        """`on_response(response)` for each response, possibly on another thread; False from it cancels the
+        request. Returns when the stream has ended: False when on_response stopped it."""
+
     def cancel(self, request_id: str) -> None:
         """Make the open streams of `request_id` and its children raise GenerationCancelled now."""
 
@@ -309,15 +314,22 @@ class TextGenerator:
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
         finished = False
+
+        def on_response(response: Tensors) -> bool:
+            nonlocal generated
+            tokens = response_tokens(response)
+            generated += len(tokens)
+            extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
+            return on_tokens(tokens, extra)
+
         with self._children_lock:
             self._running_children.add(child_id)
         try:
-            for response in self.models.stream(self.config.engine_model, inputs, request.engine_outputs, child_id):
-                tokens = response_tokens(response)
-                generated += len(tokens)
-                extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
-                if not on_tokens(tokens, extra):
-                    return FinishReason.CANCELLED
+            # Each response is handled where it is read (for most requests, the thread that reads every engine
+            # stream of this process): nothing in on_tokens blocks, sends only queue (bls.response_loop).
+            if not self.models.stream_each(self.config.engine_model, inputs, request.engine_outputs, child_id,
+                                           on_response):
+                return FinishReason.CANCELLED
             finished = True
             return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
         except GenerationCancelled:

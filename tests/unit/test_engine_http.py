@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from bls.engine_http import carries, request_body
+from bls.engine_http import Disconnected, ResponseReader, carries, request_body
 from bls.engine_streams import EngineStreams
 from bls.errors import ModelStepError
 from tests.unit.test_engine_streams import read_to_the_end
@@ -32,6 +32,8 @@ class _Engine:
         self.release = threading.Event()
         self.release.set()
         self.close_after_each = False
+        self.drop_second_request = False  # a keep-alive connection closed on its next request, unanswered
+        self.break_inside_chunk = False  # the connection breaks halfway through the second event
 
 
 def _handler(engine: _Engine):
@@ -46,8 +48,13 @@ def _handler(engine: _Engine):
             pass
 
         def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            self.served = getattr(self, "served", 0) + 1
+            if engine.drop_second_request and self.served == 2:
+                self.close_connection = True
+                return
             engine.paths.append(self.path)
-            engine.bodies.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+            engine.bodies.append(body)
             if engine.refuse:
                 payload = f'data: {json.dumps({"error": engine.refuse})}\n\n'.encode()
                 self.send_response(400)
@@ -68,7 +75,13 @@ def _handler(engine: _Engine):
                         break
                     event = {"model_name": "tensorrt_llm", "model_version": "1", "output_ids": token,
                              "sequence_length": 1}
-                    self._chunk(f"data: {json.dumps(event)}\n\n".encode())
+                    data = f"data: {json.dumps(event)}\n\n".encode()
+                    if engine.break_inside_chunk and index == 1:
+                        self.wfile.write(f"{len(data):x}\r\n".encode() + data[:10])
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return
+                    self._chunk(data)
                     if engine.error:
                         self._chunk(f'data: {json.dumps({"error": engine.error})}\n\n'.encode())
                         break
@@ -124,6 +137,97 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(http_engine):
     for _ in range(3):
         assert [r["output_ids"].item() for r in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])] == [11, 12, 13]
     assert engine.connections == 3
+
+
+def test_a_reused_connection_closed_before_answering_is_replaced(http_engine):
+    """The server may close an idle keep-alive connection just as a request goes out on it: the request was never
+    read, so it is sent again on a new connection."""
+    engine, streams = http_engine
+    engine.drop_second_request = True
+    for _ in range(2):
+        assert [r["output_ids"].item() for r in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])] == [11, 12, 13]
+    assert engine.connections == 2 and len(engine.bodies) == 2
+
+
+def test_a_connection_broken_inside_a_chunk_is_an_error_not_an_end(http_engine):
+    engine, streams = http_engine
+    engine.break_inside_chunk = True
+    with pytest.raises(ModelStepError) as caught:
+        list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
+    assert caught.value.kind == "unavailable" and "before the stream's end" in str(caught.value)
+
+
+def test_stream_each_hands_every_stream_to_one_reader_thread(http_engine):
+    """What the BLS does: each response is handled on the thread that reads every engine stream, not the caller's."""
+    engine, streams = http_engine
+    seen: dict[str, list] = {}
+
+    def read(request_id: str) -> None:
+        def on_response(response) -> bool:
+            seen[request_id].append((threading.current_thread().name, response["output_ids"].item()))
+            return True
+
+        seen[request_id] = []
+        assert streams.stream_each("tensorrt_llm", ONE_TOKEN, ["output_ids"], request_id, on_response) is True
+
+    callers = [threading.Thread(target=read, args=(f"r{i}",)) for i in range(4)]
+    for caller in callers:
+        caller.start()
+    for caller in callers:
+        caller.join(10)
+    assert {rid: [token for _, token in events] for rid, events in seen.items()} == {f"r{i}": [11, 12, 13] for i in range(4)}
+    assert {name for events in seen.values() for name, _ in events} == {"engine-http-reader"}
+
+
+def test_stream_each_stops_when_told_and_raises_what_the_handler_raised(http_engine):
+    engine, streams = http_engine
+    engine.tokens = list(range(100))
+    engine.release.clear()  # one token, then the engine waits: the stream is open when the handler says stop
+    assert streams.stream_each("tensorrt_llm", ONE_TOKEN, ["output_ids"], "r", lambda response: False) is False
+    engine.release.set()
+    assert engine.disconnected.wait(5)  # the connection was closed: Triton cancels the request
+
+    def broken(response):
+        raise ValueError("detokenizing failed")
+
+    engine.disconnected.clear()
+    engine.release.clear()
+    with pytest.raises(ValueError, match="detokenizing failed"):
+        streams.stream_each("tensorrt_llm", ONE_TOKEN, ["output_ids"], "r", broken)
+    engine.release.set()
+    assert engine.disconnected.wait(5)
+    # The reader goes on serving other streams.
+    assert streams.stream_each("tensorrt_llm", ONE_TOKEN, ["output_ids"], "r", lambda response: True) is True
+
+
+_TRITON_STREAM = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                  b"17\r\ndata: {\"output_ids\": 1}\r\n"  # an event split over two chunks
+                  b"2\r\n\n\n\r\n"
+                  b"32\r\ndata: {\"output_ids\": 2}\n\ndata: {\"output_ids\": 3}\n\n\r\n"
+                  b"0\r\n\r\n")
+
+
+@pytest.mark.parametrize("piece", [1, 7, len(_TRITON_STREAM)])
+def test_the_response_reader_finds_the_same_events_however_the_bytes_arrive(piece):
+    reader = ResponseReader()
+    events = []
+    for start in range(0, len(_TRITON_STREAM), piece):
+        assert not reader.complete
+        events += reader.feed(_TRITON_STREAM[start:start + piece])
+    assert [json.loads(event) for event in events] == [{"output_ids": 1}, {"output_ids": 2}, {"output_ids": 3}]
+    assert reader.complete and reader.reusable and reader.refusal() is None
+
+
+def test_the_response_reader_reads_a_refusal_and_tells_a_cut_stream_from_a_whole_one():
+    refusal = ResponseReader()
+    body = b'data: {"error": "input_ids: too long"}\n\n'
+    refusal.feed(b"HTTP/1.1 400 Bad Request\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    assert refusal.complete and str(refusal.refusal()) == "input_ids: too long"
+    cut = ResponseReader()
+    cut.feed(_TRITON_STREAM[:-5])
+    assert not cut.complete and isinstance(cut.at_close(None), Disconnected)
+    with pytest.raises(Disconnected):
+        ResponseReader().feed(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello")
 
 
 _INTERNAL = "tensorrt_llm: internal error (KeyError: 'x'); see the server log"

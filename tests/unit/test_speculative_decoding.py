@@ -32,6 +32,13 @@ class FakeEngines:
             return END_ID
         return target_next(seq)
 
+    def stream_each(self, model_name, inputs, outputs, request_id, on_response):
+        """As ChildModels: each response to on_response (here on the caller's thread)."""
+        for response in self.stream(model_name, inputs, outputs, request_id):
+            if not on_response(response):
+                return False
+        return True
+
     def stream(self, model_name, inputs, outputs, request_id=""):
         seq = inputs["input_ids"].reshape(-1).tolist()
         n = int(inputs["request_output_len"].reshape(-1)[0])

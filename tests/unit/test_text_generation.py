@@ -33,6 +33,13 @@ class ScriptedModels:
     def infer(self, model_name, inputs, outputs, request_id=""):
         return self.pre(dict(inputs)) if model_name == "pre" else self.post(dict(inputs))
 
+    def stream_each(self, model_name, inputs, outputs, request_id, on_response):
+        """As ChildModels: each response to on_response (here on the caller's thread)."""
+        for response in self.stream(model_name, inputs, outputs, request_id):
+            if not on_response(response):
+                return False
+        return True
+
     def stream(self, model_name, inputs, outputs, request_id=""):
         if "stop" in inputs:
             self.stops.append(request_id)

@@ -236,9 +236,9 @@ def test_closed_metrics_release_their_families_and_ignore_updates(triton_io):
     tokens.increment()  # an update racing the unload is dropped, not an error
 
 
-def test_counts_and_gauges_reach_triton_once_per_flush_not_per_update(triton_io):
+def test_metric_updates_reach_triton_once_per_flush_not_per_update(triton_io):
     """Each pb_utils metric call is a round trip to tritonserver: the engine's per-token counts are summed
-    in the process and handed over every FLUSH_S; close() hands over what is still pending."""
+    in the process and handed over every FLUSH_S, observations with them; close() hands over what is pending."""
     metrics = triton_io.Metrics()
     tokens = metrics.counter("llm_tokens_total", "d", {})
     active = metrics.gauge("llm_active", "d", {})
@@ -249,12 +249,14 @@ def test_counts_and_gauges_reach_triton_once_per_flush_not_per_update(triton_io)
     active.set(3)
     active.set(2)
     first_token.observe(0.05)
-    assert stub_first.calls == [("observe", 0.05)]  # one per request: at once
+    first_token.observe(0.5)
+    assert stub_first.calls == []  # the observer's thread never makes the round trip itself
     deadline = time.monotonic() + 5
     while not stub_tokens.calls and time.monotonic() < deadline:
         time.sleep(0.01)
     time.sleep(3 * triton_io.Metrics.FLUSH_S)
     assert stub_tokens.calls == [("increment", 1000)] and stub_active.calls == [("set", 2)]
+    assert stub_first.calls == [("observe", 0.05), ("observe", 0.5)]
     tokens.increment(5)
     metrics.close()
     assert stub_tokens.calls == [("increment", 1000), ("increment", 5)]
