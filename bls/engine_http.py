@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import logging
-import select
 import selectors
 import socket
 import threading
@@ -127,18 +126,19 @@ class GenerateStreams:
     thread (the reader) that runs each stream's `on_event` itself.
 
     Why one reader: with a blocking reader thread per stream, every engine event woke a thread that then had to
-    win the GIL, 60-75 µs of CPU an event in this process; one thread that waits on all the sockets at once and
-    reads what is ready at most once per SWEEP_S pays one wake-up for every event of every stream that arrived in
-    the meantime (a minimal reader, 16 streams on 2 cores: 67-85 µs an event woken per event, 43-50 µs with 1-2 ms
-    sweeps). The cost: an event waits up to SWEEP_S longer (a GPU step is 10-50 ms).
+    win the GIL, 60-75 µs of CPU an event in this process; one thread that waits on all the sockets at once and,
+    while several streams are sending, reads at most once per SWEEP_S pays one wake-up for every event that
+    arrived in the meantime (a minimal reader, 16 streams on 2 cores: 67-85 µs an event woken per event, 43-50 µs
+    with 1-2 ms sweeps). The cost: under load an event waits up to SWEEP_S longer (a GPU step is 10-50 ms).
     """
 
     SWEEP_S = 0.002
+    IDLE_S = 2.0  # a kept-alive connection unused this long is closed
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
         self._lock = threading.Lock()
-        self._idle: list[socket.socket] = []
+        self._idle: list[tuple[float, socket.socket]] = []  # (since when, connection), newest last
         self._arriving: list[HttpStream] = []  # opened, for the reader to register
         self._selector = selectors.DefaultSelector()
         self._wake_reader, self._wake_writer = socket.socketpair()
@@ -174,15 +174,19 @@ class GenerateStreams:
         return stream
 
     def _connection(self) -> tuple[socket.socket, bool]:
-        """An idle connection (reused: True) or a new one. An idle connection that is readable has been closed
-        by the server (or holds bytes nobody asked for) and is dropped."""
+        """An idle connection (reused: True) or a new one. An idle connection with something to read has been
+        closed by the server (or holds bytes nobody asked for) and is dropped."""
         while True:
             with self._lock:
-                sock = self._idle.pop() if self._idle else None
+                sock = self._idle.pop()[1] if self._idle else None
             if sock is None:
                 return self._new_connection(), False
-            if not select.select([sock], [], [], 0)[0]:
-                return sock, True
+            try:
+                sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                return sock, True  # nothing to read: still open
+            except OSError:
+                pass
             sock.close()
 
     def _new_connection(self) -> socket.socket:
@@ -197,15 +201,28 @@ class GenerateStreams:
         if reusable:
             sock.setblocking(True)
             with self._lock:
-                self._idle.append(sock)
+                self._idle.append((time.monotonic(), sock))
         else:
+            sock.close()
+
+    def _close_idle(self, idle_s: float) -> None:
+        """Close connections idle for idle_s or longer (the reader, between sweeps): tritonserver's shutdown waits
+        for every open HTTP connection, and would otherwise wait out --exit-timeout-secs for this pool's."""
+        deadline = time.monotonic() - idle_s
+        with self._lock:
+            stale = [sock for since, sock in self._idle if since <= deadline]
+            self._idle = [(since, sock) for since, sock in self._idle if since > deadline]
+        for sock in stale:
             sock.close()
 
     # -- the reader thread ---------------------------------------------------------------------------------
     def _read_forever(self) -> None:
         while True:
             swept = time.monotonic()
-            for key, _ in self._selector.select():
+            ready = self._selector.select(self.IDLE_S if self._idle else None)
+            if self._idle:
+                self._close_idle(self.IDLE_S)
+            for key, _ in ready:
                 stream = key.data
                 try:
                     if stream is None:
@@ -216,8 +233,10 @@ class GenerateStreams:
                     log.exception("the engine stream reader failed on one stream")
                     if stream is not None:
                         stream._finish(Disconnected("the engine stream reader failed; see the log"), reusable=False)
+            # Under load (several streams had something), let the next events gather; a lone stream (a
+            # speculative round's engine calls, one request on an idle server) is read at once.
             pause = swept + self.SWEEP_S - time.monotonic()
-            if pause > 0:
+            if len(ready) > 1 and pause > 0:
                 time.sleep(pause)
 
     def _register_arrivals(self) -> None:
@@ -229,7 +248,10 @@ class GenerateStreams:
         with self._lock:
             arriving, self._arriving = self._arriving, []
         for stream in arriving:
-            stream._register()
+            try:
+                stream._register()
+            except Exception as error:  # noqa: BLE001 - that stream ends; the others are registered
+                stream._finish(Disconnected(f"could not wait for its response: {error}"), reusable=False)
 
     def _register(self, stream: "HttpStream") -> None:
         self._selector.register(stream._sock, selectors.EVENT_READ, stream)
@@ -349,6 +371,7 @@ class HttpStream:
                 return
             self._ended = True
             sock = self._sock
+            reusable = reusable and not self._stopped  # stop() may have shut it down as the stream ended
         if sock is not None:
             self._streams._unregister(self)
             self._streams._release(sock, reusable)

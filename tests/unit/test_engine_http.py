@@ -28,6 +28,7 @@ class _Engine:
         self.bodies: list[dict] = []
         self.paths: list[str] = []
         self.connections = 0
+        self.closed = threading.Semaphore(0)  # released once per connection that ended
         self.disconnected = threading.Event()
         self.release = threading.Event()
         self.release.set()
@@ -43,6 +44,10 @@ def _handler(engine: _Engine):
         def setup(self):
             super().setup()
             engine.connections += 1
+
+        def finish(self):
+            super().finish()
+            engine.closed.release()
 
         def log_message(self, *args):
             pass
@@ -137,6 +142,16 @@ def test_a_connection_the_server_closed_while_idle_is_replaced(http_engine):
     for _ in range(3):
         assert [r["output_ids"].item() for r in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"])] == [11, 12, 13]
     assert engine.connections == 3
+
+
+def test_a_kept_alive_connection_left_idle_is_closed(http_engine):
+    """tritonserver's shutdown waits for every open HTTP connection: the pool must not keep one for ever."""
+    engine, streams = http_engine
+    streams._http.IDLE_S = 0.2
+    assert len(list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))) == 3
+    assert engine.closed.acquire(timeout=10)
+    assert len(list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))) == 3  # on a new one
+    assert engine.connections == 2
 
 
 def test_a_reused_connection_closed_before_answering_is_replaced(http_engine):
