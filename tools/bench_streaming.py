@@ -11,12 +11,16 @@ it, faster than its own responses go out, so a new stream's first token waits be
 engine alone's first token p50 is printed beside the BLS's). Time to first token is therefore also measured in
 steady traffic: the engine paced like a GPU, one token per stream every PACED_STEP_MS (a decoding step), at a
 rate the engine hop carries here, and the clients' starts spread over one stream's duration.
+
+Last, the floor under any Python-backend model that streams one response per token: the CPU one response costs
+its stub to send, measured on a model that does nothing else (tools/bench_models/stub_send).
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -24,9 +28,11 @@ from bls.engine_streams import EngineStreams
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
+from testkit.processes import cpu_seconds
 from testkit.stats import percentile
 
 STREAM_TOKENS = 256
+STUB_SEND_REPO = Path(__file__).resolve().parent / "bench_models"
 CONCURRENCY = (1, 16, 64, 256)
 PROMPT = "Tell me a story about a brave little toaster."
 MODELS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
@@ -94,7 +100,24 @@ def _first_token_p50_ms(run: LoadRun) -> float:
 
 
 def run(ctx: BenchContext) -> list[Row]:
-    return _unpaced_rows(ctx) + _paced_rows(ctx)
+    return _unpaced_rows(ctx) + _paced_rows(ctx) + _stub_send_rows(ctx)
+
+
+def _stub_send_rows(ctx: BenchContext) -> list[Row]:
+    """What one streamed response costs the Python backend's stub to send, with nothing else running: the floor
+    under the BLS's CPU per token whenever it sends one response per token (BLS_CPU_TARGET)."""
+    server = ctx.server(STUB_SEND_REPO)
+    session = HttpSession(server.http_url)
+    count = 5_000 if ctx.quick else 20_000
+    session.generate_stream("stub_send", {"n": [100], "tensors": [1]})  # warm-up
+    rows = []
+    for tensors, what in ((1, "one output tensor (text_output)"), (2, "two output tensors (+ num_output_tokens)")):
+        before = cpu_seconds(server.process.pid)["stub_send_0_0"]
+        session.generate_stream("stub_send", {"n": [count], "tensors": [tensors]})
+        spent = cpu_seconds(server.process.pid)["stub_send_0_0"] - before
+        rows.append(Row(f"Python backend stub alone: CPU per streamed response, {what}", spent / count * 1e6, "µs"))
+    session.close()
+    return rows
 
 
 def _unpaced_rows(ctx: BenchContext) -> list[Row]:
