@@ -299,7 +299,7 @@ class Metrics:
                 metric = family.Metric(labels=dict(labels))
             else:
                 metric = family.Metric(labels=dict(labels), buckets=buckets)
-            self._metrics.append(_Metric(metric, family, self._lock))
+            self._metrics.append(_Metric(metric, family))
             return self._metrics[-1]
 
     def _flush_every_period(self) -> None:
@@ -310,11 +310,12 @@ class Metrics:
 
 
 class _Metric:
-    def __init__(self, metric: Any, family: Any, lock: threading.Lock):
+    """One metric's updates since the last flush; only flush() and release() touch Triton (Metrics' lock held)."""
+
+    def __init__(self, metric: Any, family: Any):
         self._metric = metric
         self._family = family  # the family must outlive its metrics
-        self._lock = lock
-        self._pending = threading.Lock()  # guards the two values below, never held across a pb_utils call
+        self._pending = threading.Lock()  # guards the three values below, never held across a pb_utils call
         self._increment = 0.0
         self._value: float | None = None
         self._observations: list[float] = []

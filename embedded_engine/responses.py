@@ -241,8 +241,9 @@ class ResponseDispatcher:
     streams (one response per generated token): what every benchmark and soak must load the layers above
     with. When sending falls behind, what waits goes out in rounds of one response per stream (streams still
     waiting for their first response first), the order a GPU engine emits tokens in, so that a stream's
-    backlog neither goes out as a burst nor holds back the other streams and new requests. With `merge`, each round sends a sequence's waiting events as one response instead, so a CPU box
-    whose sending falls behind generation catches up; a figure measured that way must say so.
+    backlog neither goes out as a burst nor holds back the other streams and new requests. With `merge`, each
+    round sends a sequence's waiting events as one response instead, so a CPU box whose sending falls behind
+    generation catches up; a figure measured that way must say so.
 
     A paced engine (step_ms > 0) asks `wait_for_backlog` before each step: it waits while more than
     BACKLOG_STEPS steps of responses are still to be sent. TensorRT-LLM's C++ backend sends as fast as it
