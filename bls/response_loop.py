@@ -17,8 +17,8 @@ The loop may run several sending threads: their sends are still serialised by PB
 trip a thread must win the GIL back from the streams' threads, and while it waits another one sends. A
 stream is taken by one thread at a time, so its responses stay in order.
 
-Cancellation is asked of Triton here too, right after a stream's send (not after its final one), at most once
-per period per stream (bls.cancellation); the stream's own thread reads the answer without any call.
+Cancellation is asked of Triton here too, right after a stream's send (not after its final one), at most at the
+rate bls.cancellation gives each stream; the stream's own thread reads the answer without any call.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from bls.cancellation import CANCELLATION_CHECK_PERIOD_S, CancellationPoll
+from bls.cancellation import PROCESS_CHECKS, CancellationChecks
 
 Tensors = dict[str, np.ndarray]
 # Merges two streamed responses of one stream into one, or None when they must go apart.
@@ -61,11 +61,11 @@ class _Outgoing:
 class QueuedStream:
     """The response sink of one request: sends return at once; the loop sends in order."""
 
-    def __init__(self, loop: "ResponseLoop", transport: Transport, merge: Merge, cancellation_period_s: float):
+    def __init__(self, loop: "ResponseLoop", transport: Transport, merge: Merge, checks: CancellationChecks):
         self._loop = loop
         self._transport = transport
         self._merge = merge
-        self._cancellation = CancellationPoll(lambda: transport.is_cancelled(wait=True), cancellation_period_s)
+        self._cancellation = checks.poll(lambda: transport.is_cancelled(wait=True))
         # Guarded by the loop's lock:
         self._waiting: list[_Outgoing] = []
         self._queued = False  # in one of the loop's ready queues
@@ -155,9 +155,8 @@ class QueuedStream:
 class ResponseLoop:
     """The sending threads of one process. `open` a stream per request; `close` at unload sends what waits."""
 
-    def __init__(self, name: str = "bls-send", cancellation_period_s: float = CANCELLATION_CHECK_PERIOD_S,
-                 threads: int = 1):
-        self._cancellation_period_s = cancellation_period_s
+    def __init__(self, name: str = "bls-send", checks: CancellationChecks = PROCESS_CHECKS, threads: int = 1):
+        self._checks = checks
         self._lock = threading.Condition()
         self._new: deque[QueuedStream] = deque()  # streams that have sent nothing yet: first tokens go first
         self._running: deque[QueuedStream] = deque()
@@ -168,7 +167,7 @@ class ResponseLoop:
             thread.start()
 
     def open(self, transport: Transport, merge: Merge) -> QueuedStream:
-        return QueuedStream(self, transport, merge, self._cancellation_period_s)
+        return QueuedStream(self, transport, merge, self._checks)
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Send what is queued, then stop the threads. False if they did not finish within timeout_s."""
@@ -190,6 +189,8 @@ class ResponseLoop:
             if stream._final_queued:
                 return  # the stream has ended: a late send or error is dropped, never a second end
             stream._final_queued = item.final
+            if item.final:
+                stream._cancellation.close()  # nothing to stop once the final response is queued
             if stream._absorb(item):
                 return
             stream._waiting.append(item)

@@ -7,6 +7,7 @@ import threading
 import numpy as np
 import pytest
 
+from bls.cancellation import CancellationChecks
 from bls.response_loop import ResponseLoop
 
 
@@ -52,7 +53,7 @@ class Transport:
 
 @pytest.fixture()
 def loop():
-    loop = ResponseLoop(cancellation_period_s=0.0)
+    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
     yield loop
     loop.close(5)
 
@@ -134,7 +135,7 @@ def test_a_failed_send_ends_that_stream_only(loop):
 
 
 def test_cancellation_is_asked_by_the_loop_after_sends():
-    loop = ResponseLoop(cancellation_period_s=60.0)
+    loop = ResponseLoop(checks=CancellationChecks(min_period_s=60.0))
     try:
         log, gate = [], threading.Event()
         transport = Transport("a", log, gate)
@@ -157,7 +158,7 @@ def test_cancellation_is_asked_by_the_loop_after_sends():
 
 def test_cancellation_is_not_asked_once_the_stream_has_ended():
     """Each ask is a round trip to Triton: after the final response nothing is left to stop."""
-    loop = ResponseLoop(cancellation_period_s=0.0)
+    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
     try:
         transport = Transport("a", [])
         loop.open(transport, join_texts).send(text("all"), final=True)
@@ -168,7 +169,7 @@ def test_cancellation_is_not_asked_once_the_stream_has_ended():
 
 
 def test_several_sending_threads_keep_each_stream_in_order():
-    loop = ResponseLoop(cancellation_period_s=0.0, threads=4)
+    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0), threads=4)
     try:
         log = []
         transports = [Transport(f"s{i}", log) for i in range(16)]
@@ -204,7 +205,7 @@ def test_close_sends_what_waits():
 
 def test_a_gone_client_interrupts_its_producer_once():
     """when_cancelled: the producer may be waiting for its engine's next response; the loop calls it at once."""
-    loop = ResponseLoop(cancellation_period_s=0.0)
+    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
     try:
         transport = Transport("a", [])
         stream = loop.open(transport, join_texts)

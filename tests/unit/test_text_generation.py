@@ -201,22 +201,6 @@ def test_draft_length_is_bounded_by_the_engine():
         request(config, num_draft_tokens=[[5]])
 
 
-def test_cancellation_is_asked_of_triton_at_most_once_per_period():
-    from bls.cancellation import CancellationPoll
-
-    class CountingSink:
-        calls = 0
-
-        def is_cancelled(self):
-            self.calls += 1
-            return False
-
-    sink = CountingSink()
-    poll = CancellationPoll(sink.is_cancelled, period_s=60.0)
-    assert not any(poll() for _ in range(1000))
-    assert sink.calls == 1
-
-
 def test_unloading_stops_every_running_engine_child(bundle):
     """stop_running_engines: what the BLS calls when it unloads with generations still running."""
     started, release = threading.Event(), threading.Event()

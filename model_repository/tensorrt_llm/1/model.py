@@ -24,7 +24,7 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bls.cancellation import CancellationPoll  # noqa: E402
+from bls.cancellation import PROCESS_CHECKS  # noqa: E402
 from bls.contract import TENSORRT_LLM, ModelContract  # noqa: E402
 from bls.errors import InvalidRequest  # noqa: E402
 from bls.triton_io import (  # noqa: E402
@@ -100,13 +100,12 @@ class TritonPythonModel:
         if self._decoupled:
             for request in requests:
                 sender = SafeSender(request, self._name)
-                self._submit(request, sender, CancellationPoll(sender.is_cancelled), arrival_ns)
+                self._submit(request, sender, sender.is_cancelled, arrival_ns)
             return None
         collectors = []
         for request in requests:
             collector = CollectingSender()
-            self._submit(request, collector,
-                         CancellationPoll(lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled()),
+            self._submit(request, collector, lambda c=collector, r=request: c.is_cancelled() or r.is_cancelled(),
                          arrival_ns)
             collectors.append(collector)
         responses = []
@@ -145,8 +144,22 @@ class TritonPythonModel:
                 if len(generation) > 1:
                     raise InvalidRequest("input_ids", "batch size > 1 needs a decoupled transaction policy")
             stream = TritonRequestStream(generation, sender, self._engine.limits.vocab_size)
-            on_event = self._observed(lambda event: self._dispatcher.submit(stream, event))
-            self._engine.submit_batch(generation, on_event, is_cancelled)
+            poll = PROCESS_CHECKS.poll(is_cancelled)
+            unfinished = len(generation)
+
+            def on_event(event: EngineEvent) -> None:
+                nonlocal unfinished
+                if event.finished:
+                    unfinished -= 1
+                    if not unfinished:
+                        poll.close()
+                self._dispatcher.submit(stream, event)
+
+            try:
+                self._engine.submit_batch(generation, self._observed(on_event), poll)
+            except Exception:
+                poll.close()
+                raise
             self._update_load()
         except Exception as error:
             sender.send_error(error)
