@@ -110,6 +110,18 @@ def parse_bool(value: str | None, default: bool, name: str) -> bool:
     raise ValueError(f"model parameter {name}={value!r} is not a boolean")
 
 
+def parse_positive_int(value: str | None, default: int, name: str) -> int:
+    if value is None or not value.strip():
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise ValueError(f"model parameter {name}={value!r} is not a whole number of at least 1")
+    return number
+
+
 def respond_to_each(requests: list[Any], contract: ModelContract,
                     handle: Callable[[Tensors], Mapping[str, np.ndarray]], model_name: str) -> list[Any]:
     """One response per request for a non-decoupled model; a bad request fails alone, not its batch."""

@@ -92,13 +92,17 @@ def cmd_build(args) -> None:
     )
 
 
-def bls_instances(args) -> dict:
-    """The --bls-instances override, if given (else RepositorySettings' host-sized default)."""
+def bls_settings(args) -> dict:
+    """The BLS's settings from the command line: --bls-instances if given (else RepositorySettings' host-sized
+    default) and --stream-interval."""
+    if args.stream_interval < 1:
+        raise SystemExit(f"--stream-interval must be at least 1 (got {args.stream_interval})")
+    settings = {"stream_interval": args.stream_interval}
     if args.bls_instances is None:
-        return {}
+        return settings
     if args.bls_instances < 1:
         raise SystemExit(f"--bls-instances must be at least 1 (got {args.bls_instances})")
-    return {"bls_instance_count": args.bls_instances}
+    return {**settings, "bls_instance_count": args.bls_instances}
 
 
 def cmd_assemble(args) -> None:
@@ -109,7 +113,7 @@ def cmd_assemble(args) -> None:
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len,
-        **bls_instances(args),
+        **bls_settings(args),
     )
     out = assemble_repository(args.repo, settings)
     _stage(f"model repository ready: {out}")
@@ -275,7 +279,10 @@ def main(argv: list[str] | None = None) -> int:
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
         p.add_argument("--bls-instances", type=int,
-                       help="tensorrt_llm_bls instances (default: one per 4 cores of this host, 1 to 4)")
+                       help="tensorrt_llm_bls instances (default: one per 2 cores of this host, 1 to 8)")
+        p.add_argument("--stream-interval", type=int, default=1,
+                       help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
+                            "token always goes at once); larger values cost the BLS less CPU per token")
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)

@@ -79,6 +79,9 @@ class RepositorySettings:
     add_special_tokens: bool = True
     query_special_tokens: str = "text"
     accumulate_tokens: bool = False
+    # tensorrt_llm_bls: new tokens per streamed response after the first (TensorRT-LLM's LlmArgs.stream_interval,
+    # vLLM's and SGLang's --stream-interval): 1 streams every token; more trade smoothness for BLS CPU per token.
+    stream_interval: int = 1
     # Triton's decoupled transaction policy for the engines and the BLS (upstream's decoupled_mode): false
     # serves clients that use unary RPCs (no streaming), e.g. inflight_batcher_llm_client.py without
     # --streaming and e2e_grpc_speculative_decoding_client.py.
@@ -148,6 +151,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
         "accumulate_tokens": settings.accumulate_tokens,
+        "stream_interval": settings.stream_interval,
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
         "max_draft_len": settings.max_draft_len if settings.draft else 0,

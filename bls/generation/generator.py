@@ -86,6 +86,9 @@ class BlsConfig:
     # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
     # without streaming, so a client that leaves cannot stop a generation half-way.
     decoupled: bool = True
+    # New tokens per streamed response after the first (the stream_interval of TensorRT-LLM's LlmArgs, vLLM
+    # and SGLang): a response waits until it carries this many; the final response carries what is left.
+    stream_interval: int = 1
 
 
 @dataclass(frozen=True)
@@ -275,6 +278,7 @@ class TextGenerator:
         result = RowResult(num_input_tokens=len(prompt))
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
+        interval = _StreamInterval(self.config.stream_interval, self.config.accumulate_tokens)
         details = _EngineDetails(streamed=request.stream)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
@@ -288,7 +292,9 @@ class TextGenerator:
                 outputs = streamer.push(new_tokens)
                 outputs.update(extra)
                 if outputs:
-                    sink.send(outputs)
+                    outputs = interval.push(outputs, len(new_tokens))
+                    if outputs is not None:
+                        sink.send(outputs)
             return not sink.is_cancelled()
 
         if request.num_draft_tokens > 0:
@@ -300,6 +306,9 @@ class TextGenerator:
         else:
             result.finish_reason = self._stream_engine(request, engine_inputs, f"{request.request_id}-{row}", on_tokens)
         if streamer is not None:
+            held = interval.flush()
+            if held is not None:
+                sink.send(held)
             result.stream_tail = streamer.finish()
         result.details = details.tensors()
         self.observer.on_finished(result)
@@ -422,6 +431,35 @@ class _TextStreamer:
             return delta
         self._text_so_far += delta
         return self._text_so_far
+
+
+class _StreamInterval:
+    """Holds a row's streamed responses until together they carry `interval` new tokens (stream_interval); the
+    first goes at once, for the time to first token."""
+
+    def __init__(self, interval: int, accumulate: bool):
+        self._interval = interval
+        self._accumulate = accumulate
+        self._held: Tensors | None = None
+        self._held_tokens = 0
+        self._sent_any = False
+
+    def push(self, outputs: Tensors, tokens: int) -> Tensors | None:
+        """The response to send now, if any."""
+        if self._interval == 1:
+            return outputs
+        # One row's responses always merge (only different rows' do not).
+        self._held = outputs if self._held is None else merge_streamed(self._held, outputs, self._accumulate)
+        self._held_tokens += tokens
+        if self._sent_any and self._held_tokens < self._interval:
+            return None
+        self._sent_any = True
+        return self.flush()
+
+    def flush(self) -> Tensors | None:
+        """What is held (the row has ended: it goes before the final response)."""
+        held, self._held, self._held_tokens = self._held, None, 0
+        return held
 
 
 def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensors | None:

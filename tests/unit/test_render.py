@@ -179,3 +179,17 @@ def test_relocate_points_the_cpp_backend_at_the_served_path(tmp_path):
     assert config.parameters["gpt_model_path"].string_value == "/models/llama3/tensorrt_llm/1"
     with pytest.raises(SystemExit, match="must be absolute"):
         cli.main(["relocate", "--repo", str(repo), "--serve-path", "models/llama3"])
+
+
+def test_stream_interval_reaches_the_bls_config(tmp_path):
+    from argparse import Namespace
+
+    from engine_build.cli import bls_settings
+
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
+        **bls_settings(Namespace(stream_interval=4, bls_instances=None))))
+    bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
+    assert bls.parameters["stream_interval"].string_value == "4"
+    with pytest.raises(SystemExit, match="--stream-interval must be at least 1"):
+        bls_settings(Namespace(stream_interval=0, bls_instances=None))

@@ -114,6 +114,30 @@ def test_accumulate_tokens_sends_the_whole_text_so_far(bundle, models):
     assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
 
 
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_stream_interval_sends_every_nth_token_after_the_first(bundle, models, accumulate):
+    config = BlsConfig(**{**CONFIG.__dict__, "stream_interval": 3, "accumulate_tokens": accumulate})
+    sink = Sink()
+    TextGenerator(config, models, bundle).generate(
+        request(config, stream=[[True]], return_num_output_tokens=[[True]]), sink)
+    assert len(models.script) == 5
+    # The first token at once, then 3 more; the 5th (what is left) goes before the final response.
+    assert [int(r["num_output_tokens"][0, 0]) for r in sink.responses[:-1]] == [1, 4, 5]
+    texts = [text_of(r) for r in sink.responses]
+    if accumulate:
+        assert texts[-1] == SCRIPT_TEXT and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+    else:
+        assert "".join(texts) == SCRIPT_TEXT
+
+
+def test_stream_interval_holds_only_streamed_responses(bundle, models):
+    config = BlsConfig(**{**CONFIG.__dict__, "stream_interval": 1000})
+    sink = Sink()
+    TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
+    assert len(sink.responses) == 3  # the first token, everything else, the final response
+    assert "".join(text_of(r) for r in sink.responses) == SCRIPT_TEXT
+
+
 def test_prompt_echo_is_part_of_the_stream(bundle, models):
     sink = Sink()
     TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]], exclude_input_in_output=[[False]]), sink)

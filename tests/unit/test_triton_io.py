@@ -274,3 +274,11 @@ def test_request_parameters_are_refused_by_name(triton_io):
     # Triton's own request parameters (tritonclient's empty-final-response flag) are not the model's.
     assert set(triton_io.read_inputs(Request(tensors, '{"triton_enable_empty_final_response": true}'),
                                      POSTPROCESSING)) == set(tensors)
+
+
+def test_whole_number_parameters_are_checked_by_name(triton_io):
+    assert triton_io.parse_positive_int(None, 1, "stream_interval") == 1
+    assert triton_io.parse_positive_int("4", 1, "stream_interval") == 4
+    for bad in ("0", "-2", "four", "1.5"):
+        with pytest.raises(ValueError, match=f"stream_interval={bad!r} is not a whole number"):
+            triton_io.parse_positive_int(bad, 1, "stream_interval")

@@ -30,7 +30,8 @@ from bls.request_pool import RequestPool  # noqa: E402
 from bls.response_loop import ResponseLoop  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.triton_io import (  # noqa: E402
-    PB_LOCK, ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, read_inputs,
+    PB_LOCK, ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, parse_positive_int,
+    read_inputs,
 )
 
 MODEL = "tensorrt_llm_bls"
@@ -58,6 +59,7 @@ class TritonPythonModel:
             draft_model=params.get("tensorrt_llm_draft_model_name") or None,
             max_draft_len=int(params.get("max_draft_len", "0")),
             accumulate_tokens=parse_bool(params.get("accumulate_tokens"), False, "accumulate_tokens"),
+            stream_interval=parse_positive_int(params.get("stream_interval"), 1, "stream_interval"),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens"),
             # One setting for the repository (upstream's decoupled_mode): the engines are decoupled when we are.
             decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
