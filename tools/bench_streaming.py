@@ -12,7 +12,8 @@ engine alone's first token p50 is printed beside the BLS's). Time to first token
 steady traffic: the engine paced like a GPU, one token per stream every PACED_STEP_MS (a decoding step), at a
 rate the engine hop carries here, and the clients' starts spread over one stream's duration.
 
-Last, the floor under any Python-backend model that streams one response per token: the CPU one response costs
+Then the same at 64 and 256 streams with the BLS built with a stream interval of 4 (`make repo STREAM_INTERVAL=4`):
+what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that streams one response per token: the CPU one response costs
 its stub to send, measured on a model that does nothing else (tools/bench_models/stub_send).
 """
 
@@ -38,6 +39,8 @@ PROMPT = "Tell me a story about a brave little toaster."
 MODELS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
 PACED_STEP_MS = 40.0  # 64 streams x 25 tokens/s = 1,600 tok/s: about half of what the engine hop carries on 2 cores
 PACED_CONCURRENCY = 64
+STREAM_INTERVAL = 4  # the interval rows: `make repo STREAM_INTERVAL=4`
+INTERVAL_CONCURRENCY = (64, 256)
 # Issue 11's targets for this machine: the BLS at >= 0.6x the engine floor at 16 and 64 streams, first
 # token p50 <= 100 ms at 64 streams, <= 60 µs of CPU per token in the BLS process.
 RATIO_TARGET = {16: Target(">=", 0.6), 64: Target(">=", 0.6)}
@@ -88,10 +91,10 @@ def _receive_us_per_token(engine: EngineStreams, streams: int, prompt_ids: list[
     return (time.process_time() - began) / max(1, sum(received)) * 1e6
 
 
-def _repo(ctx: BenchContext, name: str, step_ms: float):
+def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1):
     return ctx.variant(name, synthetic=True, draft=None, max_seq_len=8192, max_active_requests=512,
                        max_queued_requests=512, merge_streamed_tokens=False, step_ms=step_ms,
-                       engine_instance_count=ctx.engine_instances,
+                       engine_instance_count=ctx.engine_instances, stream_interval=stream_interval,
                        **({"bls_instance_count": ctx.bls_instances} if ctx.bls_instances else {}))
 
 
@@ -100,7 +103,7 @@ def _first_token_p50_ms(run: LoadRun) -> float:
 
 
 def run(ctx: BenchContext) -> list[Row]:
-    return _unpaced_rows(ctx) + _paced_rows(ctx) + _stub_send_rows(ctx)
+    return _unpaced_rows(ctx) + _interval_rows(ctx) + _paced_rows(ctx) + _stub_send_rows(ctx)
 
 
 def _stub_send_rows(ctx: BenchContext) -> list[Row]:
@@ -166,6 +169,27 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         _cpu_us_per_token(bls, "tensorrt_llm_0"), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, client (BLS run)",
                         bls.client_cpu_s / (STREAM_TOKENS * len(bls.results)) * 1e6, "µs"))
+    return rows
+
+
+def _interval_rows(ctx: BenchContext) -> list[Row]:
+    """The BLS built with STREAM_INTERVAL (`make repo STREAM_INTERVAL=4`): fewer, larger streamed responses, the
+    operator's trade of smoothness for CPU at many streams. Floor measured again in the same server."""
+    server = ctx.server(_repo(ctx, "streaming-interval", step_ms=ctx.engine_step_ms, stream_interval=STREAM_INTERVAL))
+    bodies = _bodies(server.http_url)
+    for model in ("tensorrt_llm", "tensorrt_llm_bls"):  # warm-up
+        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])
+    rows: list[Row] = []
+    for clients in INTERVAL_CONCURRENCY:
+        rounds = 1 if ctx.quick else 2
+        runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m])
+                for model in ("tensorrt_llm", "tensorrt_llm_bls")}
+        bls = runs["tensorrt_llm_bls"]
+        label = f"{clients:>3} streams, stream_interval {STREAM_INTERVAL}"
+        rows.append(Row(f"{label}: BLS / floor", _tokens_per_s(bls) / _tokens_per_s(runs["tensorrt_llm"]), "x"))
+        rows.append(Row(f"{label}: BLS responses per token", sum(len(trace.arrivals) for trace in bls.results) / (
+            STREAM_TOKENS * len(bls.results)), "x"))
+        rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs"))
     return rows
 
 

@@ -278,7 +278,6 @@ class TextGenerator:
         result = RowResult(num_input_tokens=len(prompt))
         engine_inputs = _row_engine_inputs(request, pre, row)
         streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
-        interval = _StreamInterval(self.config.stream_interval, self.config.accumulate_tokens)
         details = _EngineDetails(streamed=request.stream)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
@@ -289,12 +288,9 @@ class TextGenerator:
             result.token_ids.extend(new_tokens)
             details.add(extra)
             if streamer is not None:
-                outputs = streamer.push(new_tokens)
-                outputs.update(extra)
+                outputs = streamer.push(new_tokens, extra)
                 if outputs:
-                    outputs = interval.push(outputs, len(new_tokens))
-                    if outputs is not None:
-                        sink.send(outputs)
+                    sink.send(outputs)
             return not sink.is_cancelled()
 
         if request.num_draft_tokens > 0:
@@ -306,8 +302,8 @@ class TextGenerator:
         else:
             result.finish_reason = self._stream_engine(request, engine_inputs, f"{request.request_id}-{row}", on_tokens)
         if streamer is not None:
-            held = interval.flush()
-            if held is not None:
+            held = streamer.release()
+            if held:
                 sink.send(held)
             result.stream_tail = streamer.finish()
         result.details = details.tensors()
@@ -394,32 +390,55 @@ class TextGenerator:
 
 
 class _TextStreamer:
-    """Turns streamed token ids into the text_output of each streamed response."""
+    """Turns streamed token ids into the text_output of each streamed response. With a stream interval > 1
+    (BlsConfig.stream_interval) it holds what it made until the held tokens reach the interval; the first
+    response goes at once."""
 
     def __init__(self, tokenizer, config: BlsConfig, request: TextRequest, prompt: list[int], row: int):
         self._detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=config.skip_special_tokens)
         self._accumulate = config.accumulate_tokens
+        self._interval = config.stream_interval
         self._text_so_far = ""
         self._num_tokens = 0
         self._send_counts = request.stream_token_counts
         self._batch_index = np.array([[row]], dtype=np.int32) if request.batch_size > 1 else None
-        # The streamed text must add up to the non-streamed text, which starts with the prompt when the
-        # client asked for it.
+        # Held since the last response: text, tokens, and the engine's other outputs (merged as merge_streamed
+        # merges responses). The streamed text must add up to the non-streamed text, which starts with the
+        # prompt when the client asked for it.
         self._pending = "" if request.exclude_input_in_output else self._detokenizer.push(prompt)
+        self._held_tokens = 0
+        self._held_extra: Tensors = {}
+        self._sent_any = False
 
-    def push(self, tokens: list[int]) -> Tensors:
-        delta = self._pending + (self._detokenizer.push(tokens) if tokens else "")
-        self._pending = ""
-        if not delta and not tokens:
+    def push(self, tokens: list[int], extra: Tensors) -> Tensors:
+        """The response to send now ({} for none): an engine response's tokens and other outputs."""
+        if tokens:
+            self._pending += self._detokenizer.push(tokens)
+            self._num_tokens += len(tokens)
+            self._held_tokens += len(tokens)
+        if extra:
+            self._held_extra = merge_streamed(self._held_extra, extra, self._accumulate) if self._held_extra \
+                else dict(extra)
+        if self._interval > 1 and self._sent_any and self._held_tokens < self._interval:
             return {}
-        self._num_tokens += len(tokens)
-        outputs = {"text_output": _strings([self._text(delta)])}
-        if self._send_counts:
-            # Running count: a response carries several tokens when the engine's or this model's sending fell
-            # behind (responses waiting to go out are merged: merge_streamed).
-            outputs["num_output_tokens"] = np.array([[self._num_tokens]], dtype=np.int32)
-        if self._batch_index is not None:
+        return self.release()
+
+    def release(self) -> Tensors:
+        """What is held, as one response ({} when nothing is); at the end of a row it goes before the final."""
+        delta, extra, tokens = self._pending, self._held_extra, self._held_tokens
+        if not delta and not tokens and not extra:
+            return {}
+        self._pending, self._held_extra, self._held_tokens = "", {}, 0
+        outputs = {"text_output": _strings([self._text(delta)])} if delta or tokens else {}
+        if tokens:
+            self._sent_any = True
+            if self._send_counts:
+                # Running count: a response carries several tokens with a stream interval, or when the engine's
+                # or this model's sending fell behind (responses waiting to go out are merged: merge_streamed).
+                outputs["num_output_tokens"] = np.array([[self._num_tokens]], dtype=np.int32)
+        if self._batch_index is not None and (delta or tokens):
             outputs["batch_index"] = self._batch_index
+        outputs.update(extra)
         return outputs
 
     def finish(self) -> str:
@@ -431,35 +450,6 @@ class _TextStreamer:
             return delta
         self._text_so_far += delta
         return self._text_so_far
-
-
-class _StreamInterval:
-    """Holds a row's streamed responses until together they carry `interval` new tokens (stream_interval); the
-    first goes at once, for the time to first token."""
-
-    def __init__(self, interval: int, accumulate: bool):
-        self._interval = interval
-        self._accumulate = accumulate
-        self._held: Tensors | None = None
-        self._held_tokens = 0
-        self._sent_any = False
-
-    def push(self, outputs: Tensors, tokens: int) -> Tensors | None:
-        """The response to send now, if any."""
-        if self._interval == 1:
-            return outputs
-        # One row's responses always merge (only different rows' do not).
-        self._held = outputs if self._held is None else merge_streamed(self._held, outputs, self._accumulate)
-        self._held_tokens += tokens
-        if self._sent_any and self._held_tokens < self._interval:
-            return None
-        self._sent_any = True
-        return self.flush()
-
-    def flush(self) -> Tensors | None:
-        """What is held (the row has ended: it goes before the final response)."""
-        held, self._held, self._held_tokens = self._held, None, 0
-        return held
 
 
 def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensors | None:

@@ -36,6 +36,10 @@ class TokenizerBundle:
 
     def __init__(self, tokenizer: PreTrainedTokenizerBase, generation_eos_ids: Sequence[int]):
         self.tokenizer = tokenizer
+        # The Rust tokenizer's own decode is what a fast tokenizer's decode() returns with
+        # clean_up_tokenization_spaces=False (transformers 4.57's PreTrainedTokenizerFast._decode), without the
+        # Python around it, which cost the BLS more than the decode itself on its per-token path.
+        self._rust_decode = tokenizer.backend_tokenizer.decode if tokenizer.is_fast else None
         # encode() with split_special_tokens flips a flag on the shared Rust tokenizer and leaves it set,
         # so concurrent encodes with different settings (BLS threads) must not interleave.
         self._encode_lock = threading.Lock()
@@ -227,6 +231,8 @@ class TokenizerBundle:
     # ids -> text
     # ------------------------------------------------------------------------------------------------
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
+        if self._rust_decode is not None:
+            return self._rust_decode(list(ids), skip_special_tokens=skip_special_tokens)
         return self.tokenizer.decode(
             list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )

@@ -249,3 +249,18 @@ def test_decode_special_tokens_skipped_or_kept(bundle):
     ids = bundle.encode_chat([{"role": "user", "content": "Hi"}])
     assert bundle.decode(ids, skip_special_tokens=True) == "user\n\nHiassistant\n\n"
     assert bundle.decode(ids, skip_special_tokens=False).startswith("<|begin_of_text|><|start_header_id|>user")
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_decode_equals_transformers_decode(bundle, skip_special_tokens):
+    """TokenizerBundle.decode calls the Rust tokenizer directly; it must be exactly transformers' decode without
+    clean-up, for any ids: special tokens, bytes that split characters, runs of spaces and punctuation."""
+    assert bundle.tokenizer.is_fast
+    rng = random.Random(0)
+    special = sorted(bundle.special_ids)
+    spaced = bundle.tokenizer.encode("a . b , c ? d ' e n't  f", add_special_tokens=False)
+    for _ in range(300):
+        ids = [rng.choice(special) if rng.random() < 0.1 else rng.randrange(128000) for _ in range(rng.randint(0, 12))]
+        ids += rng.sample(spaced, k=min(len(spaced), rng.randint(0, 4)))
+        assert bundle.decode(ids, skip_special_tokens) == bundle.tokenizer.decode(
+            ids, skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False)
