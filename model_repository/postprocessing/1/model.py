@@ -9,6 +9,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
 from bls.contract import POSTPROCESSING  # noqa: E402
 from bls.text.postprocessing import Postprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402

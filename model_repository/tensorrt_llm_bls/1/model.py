@@ -20,6 +20,7 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
 from bls.engine_streams import EngineStreams, endpoints, open_files_warning  # noqa: E402
 from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
