@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
-from engine_build.repository import repository_tokenizer
+from engine_build.repository import RepositorySettings, assemble_repository, repository_tokenizer
 from serving.tritonserver import TritonServer, is_ready
+
+ASSETS = Path(__file__).resolve().parents[2] / "build" / "assets"
 
 
 @dataclass(frozen=True)
@@ -70,6 +75,20 @@ def tokenizer_dir(endpoint, repo_dir):
     if not tokenizer.is_dir():
         pytest.exit(f"{tokenizer} is missing: give --repo the repository the server serves", returncode=2)
     return tokenizer
+
+
+@contextmanager
+def built_repository_server(request, tmp_path_factory, name: str, **settings) -> Iterator[TritonServer]:
+    """tritonserver on a repository assembled here from build/assets (the tokenizer, the tiny target) with
+    RepositorySettings fields overridden: for tests of build-time settings, which --server-url cannot serve."""
+    if request.config.getoption("--server-url"):
+        pytest.skip("builds and starts its own repository")
+    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    repo = assemble_repository(tmp_path_factory.mktemp(name) / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", **settings))
+    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
+        yield server
 
 
 def pytest_collection_modifyitems(items):

@@ -6,32 +6,21 @@ Starts its own server on the real tiny target (not possible with --server-url).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from engine_build.repository import RepositorySettings, assemble_repository
-from serving.tritonserver import TritonServer
 from testkit.grpc import grpc_stream
 from testkit.http import generate, generate_stream
+from tests.integration.conftest import built_repository_server
 from tests.integration.test_bls import BLS, PROMPTS, streamed_text
 from tests.integration.test_text import strings
 
-ASSETS = Path(__file__).resolve().parents[2] / "build" / "assets"
 INTERVAL = 4
 
 
 @pytest.fixture(scope="module")
 def server(request, tmp_path_factory):
-    if request.config.getoption("--server-url"):
-        pytest.skip("builds and starts its own repository")
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    repo = assemble_repository(tmp_path_factory.mktemp("interval") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
-        stream_interval=INTERVAL))
-    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
+    with built_repository_server(request, tmp_path_factory, "interval", stream_interval=INTERVAL) as server:
         yield server
 
 

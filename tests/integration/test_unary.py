@@ -7,33 +7,24 @@ Starts its own server on the real tiny target and draft (not possible with --ser
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
-from engine_build.repository import RepositorySettings, assemble_repository
-from serving.tritonserver import TritonServer
 from testkit.grpc import tensor
+from tests.integration.conftest import ASSETS, built_repository_server
 from tests.integration.test_conformance import openai_frontend_inputs
 from tests.integration.test_text import strings
 
-ASSETS = Path(__file__).resolve().parents[2] / "build" / "assets"
 CONVERSATION = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi! How are you?"}]
 
 
 @pytest.fixture(scope="module")
 def unary(request, tmp_path_factory):
-    if request.config.getoption("--server-url"):
-        pytest.skip("builds and starts its own repository")
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    repo = assemble_repository(tmp_path_factory.mktemp("unary") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
-        draft=ASSETS / "tiny-draft-awq", decoupled=False, query_special_tokens="parse"))
-    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
+    with built_repository_server(request, tmp_path_factory, "unary", draft=ASSETS / "tiny-draft-awq",
+                                 decoupled=False, query_special_tokens="parse") as server:
         client = grpcclient.InferenceServerClient(server.grpc_url)
         yield client
         client.close()
