@@ -77,8 +77,10 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
         started, arrivals = time.perf_counter(), []
         session = HttpSession(target.http, timeout)
         events = session.stream_events(model, body)
+        received, last = 0, b""
         try:
             for arrival, payload in events:
+                received, last = received + 1, payload
                 event = json.loads(payload)
                 if "error" in event:
                     return _error(workload, event["error"])
@@ -88,6 +90,9 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
                     return Outcome(workload, "cancelled", ttft_s=arrivals[0] - started)
         except HttpError as error:  # refused before the stream started (HTTP 503 when at capacity)
             return _error(workload, f"HTTP {error.status}: {error.message}")
+        except Hung as error:  # where it stopped says whose it is: was the final event (finish_reason) in?
+            final = "the final event came, the stream's end did not" if b'"finish_reason"' in last else "no final event"
+            raise Hung(f"{error} after {received} events ({final})") from error
         finally:
             events.close()
             session.close()
