@@ -117,6 +117,14 @@ class EventStreamError(RuntimeError):
     a model's refusal with 400 whatever its kind, server issue #7804, so the status says nothing more)."""
 
 
+class MisdeliveredEvent(EventStreamError):
+    """An event of another request arrived on this stream's connection.
+
+    Triton's generate endpoint answers with the request's "id" in every event. A 10-minute soak on Triton 2.51
+    once saw one client's connection receive another stream's event (docs/operations.md, soak findings): the
+    stream ends with this error rather than hand someone else's tokens on."""
+
+
 class Disconnected(ConnectionError):
     """The connection broke or was shut down (by stop()) before the stream's end."""
 
@@ -149,13 +157,15 @@ class GenerateStreams:
 
     def open(self, model_name: str, body: bytes, on_event: Callable[[dict], bool],
              on_open: Callable[["HttpStream"], None] | None = None,
-             on_end: Callable[[], None] | None = None) -> "HttpStream":
+             on_end: Callable[[], None] | None = None, request_id: str = "") -> "HttpStream":
         """Send one generate_stream request; its data events go to `on_event(event)` on the reader thread, which
         must not block: returning False ends the stream there (its connection is closed: Triton cancels the
         request). `on_open(stream)` is called once connected, before the request is sent, so that another thread
-        can stop() it; `on_end()` once the stream has ended, on the reader thread. Raises Disconnected when the
-        endpoint cannot be reached."""
-        stream = HttpStream(self, _request_bytes(self.host, self.port, model_name, body), on_event, on_end)
+        can stop() it; `on_end()` once the stream has ended, on the reader thread. `request_id`, the "id" in
+        `body`, is checked against every event's (MisdeliveredEvent). Raises Disconnected when the endpoint
+        cannot be reached."""
+        stream = HttpStream(self, _request_bytes(self.host, self.port, model_name, body), on_event, on_end,
+                            request_id)
         sock, reused = self._connection()
         stream._use(sock, reused)
         if on_open is not None:
@@ -267,9 +277,10 @@ class HttpStream:
     """One generate_stream call, read by GenerateStreams' reader thread."""
 
     def __init__(self, streams: GenerateStreams, request: bytes, on_event: Callable[[dict], bool],
-                 on_end: Callable[[], None] | None):
+                 on_end: Callable[[], None] | None, request_id: str = ""):
         self._streams = streams
         self._request = request
+        self._request_id = request_id
         self._on_event = on_event
         self._on_end = on_end
         self._lock = threading.Lock()  # guards _sock's life against stop() from other threads
@@ -356,6 +367,11 @@ class HttpStream:
                     raise EventStreamError(f"an event that is not JSON ({error}): {payload[:200]!r}") from None
                 if "error" in event:
                     raise EventStreamError(str(event["error"]))
+                if self._request_id and event.get("id") != self._request_id:
+                    log.error("engine request %s: an event of request %r arrived on its connection; the stream "
+                              "ends with an error", self._request_id, event.get("id"))
+                    raise MisdeliveredEvent(f"an event of request {event.get('id')!r} arrived on the stream of "
+                                            f"request {self._request_id!r}")
                 if self._on_event(event) is False:
                     self._finish(False, reusable=False)  # closing the connection cancels the request in Triton
                     return

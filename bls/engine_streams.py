@@ -190,7 +190,8 @@ class EngineStreams:
                 self._open[stream] = (request_id, stream.stop)
 
         def open_stream(on_event: Callable[[dict], bool], on_end: Callable[[], None] | None = None) -> HttpStream:
-            return self._http.open(model_name, request_body(inputs, request_id), on_event, on_open, on_end)
+            return self._http.open(model_name, request_body(inputs, request_id), on_event, on_open, on_end,
+                                   request_id)
 
         try:
             yield open_stream

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ class Outcome:
     error: str | None = None
     ttft_s: float | None = None
     inter_token_s: list[float] = field(default_factory=list)
+    started_s: float = 0.0  # seconds into the load when the request began (when failures cluster, one cause)
 
 
 def shed(message: str) -> bool:
@@ -76,12 +78,16 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
     def run(target: "Target", timeout: float) -> Outcome:
         started, arrivals = time.perf_counter(), []
         session = HttpSession(target.http, timeout)
-        events = session.stream_events(model, body)
+        request_id = uuid.uuid4().hex  # Triton answers with it in every event: whose events these are
+        events = session.stream_events(model, {**body, "id": request_id})
         received, last = 0, b""
         try:
             for arrival, payload in events:
                 received, last = received + 1, payload
                 event = json.loads(payload)
+                if event.get("id") != request_id:
+                    return Outcome(workload, "unexpected_error", f"cross-talk: an event of request {event.get('id')!r} "
+                                                                 "on the connection of another request")
                 if "error" in event:
                     return _error(workload, event["error"])
                 if event.get("text_output") and "finish_reason" not in event:  # token events, not the summary
@@ -125,11 +131,16 @@ def grpc_bls_stream(workload: str, text: str, max_tokens: int, cancel_after: int
 
 def http_generate(workload: str, model: str, body: dict, expected_error_field: str | None = None):
     def run(target: "Target", timeout: float) -> Outcome:
+        request_id = uuid.uuid4().hex
         request = urllib.request.Request(f"http://{target.http}/v2/models/{model}/generate",
-                                         data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+                                         data=json.dumps({**body, "id": request_id}).encode(),
+                                         headers={"Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(request, timeout=timeout) as response:
-                json.loads(response.read())
+                answer = json.loads(response.read())
+            if answer.get("id") != request_id:
+                return Outcome(workload, "unexpected_error", f"cross-talk: the answer of request {answer.get('id')!r} "
+                                                             "on the connection of another request")
         except urllib.error.HTTPError as error:
             message = error.read().decode(errors="replace")
             if expected_error_field and error.code == 400 and expected_error_field in message:
@@ -185,8 +196,28 @@ MIX: tuple[tuple[str, float, Callable[[random.Random], Workload]], ...] = (
 )
 
 
-def draw(rng: random.Random) -> tuple[str, Workload]:
-    name, _, make = rng.choices(MIX, weights=[weight for _, weight, _ in MIX])[0]
+def mix_weights(items: list[str]) -> list[float]:
+    """MIX's weights with some replaced by `--weight NAME=W` items (0 leaves a workload out)."""
+    names = [name for name, _, _ in MIX]
+    overrides = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in names:
+            raise ValueError(f"--weight: no workload {name!r} (the mix has {', '.join(names)})")
+        try:
+            overrides[name] = float(value)
+        except ValueError:
+            raise ValueError(f"--weight: {name}'s weight must be a number, got {value!r}") from None
+        if not overrides[name] >= 0:
+            raise ValueError(f"--weight: {name}'s weight must be >= 0, got {value}")
+    weights = [overrides.get(name, weight) for name, weight, _ in MIX]
+    if not any(weights):
+        raise ValueError("--weight: every workload's weight is 0")
+    return weights
+
+
+def draw(rng: random.Random, weights: list[float]) -> tuple[str, Workload]:
+    name, _, make = rng.choices(MIX, weights=weights)[0]
     return name, make(rng)
 
 
@@ -278,6 +309,7 @@ class Report:
     engine_sequences_after_quiesce: dict[str, float]
     server_alive: bool
     failures: list[str]
+    incidents: list[str]  # every unexpected error and hung request: when it began, what, which workload
 
 
 def error_class(message: str) -> str:
@@ -286,21 +318,24 @@ def error_class(message: str) -> str:
 
 
 def run_load(target: Target, duration_s: float, concurrency: int, request_timeout_s: float, warmup_s: float,
-             seed: int) -> tuple[list[Outcome], list[MemorySnapshot]]:
+             seed: int, weights: list[float]) -> tuple[list[Outcome], list[MemorySnapshot]]:
     outcomes: list[Outcome] = []
     lock = threading.Lock()
-    deadline = time.monotonic() + duration_s
+    began = time.monotonic()
+    deadline = began + duration_s
 
     def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < deadline:
-            name, workload = draw(rng)
+            name, workload = draw(rng, weights)
+            started = time.monotonic() - began
             try:
                 outcome = workload(target, request_timeout_s)
             except Hung as error:
                 outcome = Outcome(name, "hung", str(error))
             except Exception as error:  # noqa: BLE001 - a client-side failure is a finding, not a crash
                 outcome = Outcome(name, "unexpected_error", f"{type(error).__name__}: {error}")
+            outcome.started_s = started
             with lock:
                 outcomes.append(outcome)
 
@@ -335,6 +370,8 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
         itl += outcome.inter_token_s
     left = wait_engines_idle(target.metrics, timeout_s=30) if server_alive() else {}
     snapshots.append(MemorySnapshot.take("after quiesce", target.server_pid) if server_alive() else snapshots[-1])
+    incidents = [f"{o.started_s:7.1f} s  {o.workload}  {o.outcome}: {(o.error or '').strip()[:300]}"
+                 for o in sorted(outcomes, key=lambda o: o.started_s) if o.outcome in ("unexpected_error", "hung")]
     failures = []
     if classes["unexpected"]:
         failures.append(f"{sum(classes['unexpected'].values())} unexpected errors or hung requests")
@@ -357,6 +394,7 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
         engine_sequences_after_quiesce=left,
         server_alive=server_alive(),
         failures=failures,
+        incidents=incidents,
     )
 
 
@@ -392,6 +430,10 @@ def print_report(report: Report) -> None:
     print("  /dev/shm (server)       " + "".join(f"{s.shm_bytes / 2**20:16.1f}" for s in report.memory))
     print("  /dev/shm (all)          " + "".join(f"{s.dev_shm_used_bytes / 2**20:16.1f}" for s in report.memory))
     print(f"engine sequences after quiesce: {report.engine_sequences_after_quiesce}")
+    if report.incidents:
+        print(f"incidents (when each began into the load; first 20 of {len(report.incidents)}):")
+        for incident in report.incidents[:20]:
+            print(f"  {incident}")
     print("RESULT: " + ("PASS" if not report.failures else "FAIL: " + "; ".join(report.failures)))
 
 
@@ -413,13 +455,21 @@ def main(argv: list[str] | None = None) -> int:
                              "one response per token); 0 serves --repo itself (the real tiny model)")
     parser.add_argument("--report", type=Path, default=Path("build/soak/report.json"))
     parser.add_argument("--server-log", type=Path, default=Path("build/soak/tritonserver.log"))
+    parser.add_argument("--weight", action="append", default=[], metavar="WORKLOAD=W",
+                        help="replace a workload's share of the mix (0 leaves it out), e.g. disconnect_http=0.4; "
+                             "repeatable")
     args = parser.parse_args(argv)
+    try:
+        weights = mix_weights(args.weight)
+    except ValueError as error:
+        parser.error(str(error))
     warmup = args.warmup if args.warmup is not None else max(10.0, args.duration / 4)
     args.report.parent.mkdir(parents=True, exist_ok=True)
 
     def soak(target: Target, server_alive: Callable[[], bool]) -> Report:
         start = MemorySnapshot.take("start", target.server_pid)
-        outcomes, snapshots = run_load(target, args.duration, args.concurrency, args.request_timeout, warmup, args.seed)
+        outcomes, snapshots = run_load(target, args.duration, args.concurrency, args.request_timeout, warmup, args.seed,
+                                       weights)
         return summarise(target, args, outcomes, [start, *snapshots], server_alive)
 
     if args.server_url:

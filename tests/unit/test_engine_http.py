@@ -35,6 +35,7 @@ class _Engine:
         self.close_after_each = False
         self.drop_second_request = False  # a keep-alive connection closed on its next request, unanswered
         self.break_inside_chunk = False  # the connection breaks halfway through the second event
+        self.foreign_id = ""  # the second event carries this id instead of the request's
 
 
 def _handler(engine: _Engine):
@@ -80,6 +81,8 @@ def _handler(engine: _Engine):
                         break
                     event = {"model_name": "tensorrt_llm", "model_version": "1", "output_ids": token,
                              "sequence_length": 1}
+                    if "id" in body:  # as Triton's generate endpoint answers: the request's id in every event
+                        event["id"] = engine.foreign_id if engine.foreign_id and index == 1 else body["id"]
                     data = f"data: {json.dumps(event)}\n\n".encode()
                     if engine.break_inside_chunk and index == 1:
                         self.wfile.write(f"{len(data):x}\r\n".encode() + data[:10])
@@ -262,6 +265,20 @@ def test_an_engine_error_keeps_its_message_and_class(http_engine, how, message, 
         list(streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"]))
     assert caught.value.kind == kind
     assert str(caught.value) == reported
+
+
+def test_an_event_of_another_request_ends_the_stream_with_an_error(http_engine):
+    """Someone else's tokens are never handed on: each event must carry the stream's own request id."""
+    engine, streams = http_engine
+    engine.foreign_id = "someone-else-0"
+    received = []
+    with pytest.raises(ModelStepError, match="an event of request 'someone-else-0' arrived on the stream of "
+                                             "request 'mine-0'") as caught:
+        for response in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"], "mine-0"):
+            received.append(response["output_ids"].item())
+    assert received == [11]
+    assert caught.value.kind == "internal"
+    assert engine.closed.acquire(timeout=5)  # that connection is not kept for another stream
 
 
 def test_closing_the_stream_early_closes_the_connection(http_engine):
