@@ -125,6 +125,14 @@ class MisdeliveredEvent(EventStreamError):
     stream ends with this error rather than hand someone else's tokens on."""
 
 
+class EngineSilent(EventStreamError):
+    """A stream that had started sent nothing for GenerateStreams.SILENCE_S.
+
+    An engine streams a response per step (milliseconds on a GPU), so a stream silent that long has lost a
+    response on the way: Triton's HTTP frontend (2.51 up to 26.07) drops responses when an HTTP thread's queue is
+    full (docs/operations.md, "HTTP responses dropped under load"). Its client gets this error, not a hang."""
+
+
 class Disconnected(ConnectionError):
     """The connection broke or was shut down (by stop()) before the stream's end."""
 
@@ -142,6 +150,8 @@ class GenerateStreams:
 
     SWEEP_S = 0.002
     IDLE_S = 2.0  # a kept-alive connection unused this long is closed
+    SILENCE_S = 60.0  # a stream that has started and then sends nothing this long ends with EngineSilent
+    CHECK_S = 1.0  # how often the reader looks for silent streams
 
     def __init__(self, host: str, port: int):
         self.host, self.port = host, port
@@ -227,11 +237,16 @@ class GenerateStreams:
 
     # -- the reader thread ---------------------------------------------------------------------------------
     def _read_forever(self) -> None:
+        next_check = time.monotonic() + self.CHECK_S
         while True:
             swept = time.monotonic()
-            ready = self._selector.select(self.IDLE_S if self._idle else None)
+            streams = len(self._selector.get_map()) > 1  # besides the wake-up socket
+            ready = self._selector.select(self.CHECK_S if streams else self.IDLE_S if self._idle else None)
             if self._idle:
                 self._close_idle(self.IDLE_S)
+            if streams and time.monotonic() >= next_check:
+                next_check = time.monotonic() + self.CHECK_S
+                self._end_silent_streams()
             for key, _ in ready:
                 stream = key.data
                 try:
@@ -248,6 +263,18 @@ class GenerateStreams:
             pause = swept + self.SWEEP_S - time.monotonic()
             if len(ready) > 1 and pause > 0:
                 time.sleep(pause)
+
+    def _end_silent_streams(self) -> None:
+        now = time.monotonic()
+        for key in list(self._selector.get_map().values()):
+            stream = key.data
+            if stream is not None and stream._event_count and now - stream._last_data > self.SILENCE_S:
+                log.error("engine request %s: no event for %.0f s after %d events; ending the stream with an error",
+                          stream._request_id, now - stream._last_data, stream._event_count)
+                stream._finish(EngineSilent(
+                    f"no event for {self.SILENCE_S:g} s after {stream._event_count} events (a response lost on the "
+                    "way: tritonserver's HTTP frontend drops responses when an HTTP thread's queue is full; see "
+                    "docs/operations.md)"), reusable=False)
 
     def _register_arrivals(self) -> None:
         try:
@@ -287,6 +314,8 @@ class HttpStream:
         self._sock: socket.socket | None = None
         self._reused = False
         self._received = 0
+        self._event_count = 0  # data events handed on
+        self._last_data = time.monotonic()  # when bytes last arrived (reader thread)
         self._response = ResponseReader()
         self._done = threading.Event()
         self._ended = False
@@ -360,6 +389,7 @@ class HttpStream:
                 self._finish(self._response.at_close(broken), reusable=False)
                 return
             self._received += len(data)
+            self._last_data = time.monotonic()
             for payload in self._response.feed(data):
                 try:
                     event = json.loads(payload)
@@ -372,6 +402,7 @@ class HttpStream:
                               "ends with an error", self._request_id, event.get("id"))
                     raise MisdeliveredEvent(f"an event of request {event.get('id')!r} arrived on the stream of "
                                             f"request {self._request_id!r}")
+                self._event_count += 1
                 if self._on_event(event) is False:
                     self._finish(False, reusable=False)  # closing the connection cancels the request in Triton
                     return

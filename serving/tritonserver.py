@@ -165,6 +165,43 @@ def server_command(
     return command[:-1]
 
 
+# libevhtp (Triton's HTTP frontend, 2.51 up to the 26.07 container) hands every response of a generate_stream
+# call to the connection's HTTP thread as a 17-byte command written to a non-blocking unix socketpair
+# (evthr_defer, third_party libevhtp/thread.c); when the socket is full the command is dropped and Triton does not
+# check (src/http_server.cc): that stream's start, next event or end never goes out, and the client hangs. The
+# socket holds ~278 commands with the kernel's default net.core.wmem_default (212992); a 10-minute soak saw 93
+# dropped in two bursts, with 4 hung streams (docs/operations.md). 4 MiB makes it ~5,400.
+EVTHR_COMMAND_BYTES = 17
+RECOMMENDED_WMEM_DEFAULT = 4 << 20
+MIN_HTTP_QUEUE = 5000  # commands; below it serve and soak warn
+
+
+def http_thread_queue_capacity() -> int:
+    """How many commands one HTTP thread of tritonserver can have queued before libevhtp drops the next: measured
+    on a socketpair made as evthr makes it (the limit comes from net.core.wmem_default, host-wide)."""
+    writer, reader = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with writer, reader:
+        writer.setblocking(False)
+        command, count = b"\0" * EVTHR_COMMAND_BYTES, 0
+        try:
+            while count < 1 << 20:
+                writer.send(command)
+                count += 1
+        except BlockingIOError:
+            pass
+        return count
+
+
+def http_queue_warning() -> str | None:
+    capacity = http_thread_queue_capacity()
+    if capacity >= MIN_HTTP_QUEUE:
+        return None
+    return (f"WARNING: this host's net.core.wmem_default lets each tritonserver HTTP thread queue only {capacity} "
+            "responses; beyond that Triton's HTTP frontend drops them without a word and generate/generate_stream "
+            f"clients hang. Set it on the host: sysctl -w net.core.wmem_default={RECOMMENDED_WMEM_DEFAULT} "
+            "(docs/operations.md, 'HTTP responses dropped under load').")
+
+
 # Upstream's --multi-model: the tensorrtllm backend runs as orchestrator and spawns its worker processes.
 ORCHESTRATOR_ENVIRONMENT = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
 
@@ -272,6 +309,8 @@ def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "
 def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
     """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
     command, env = launch(repo, ports, world_size)
+    if warning := http_queue_warning():
+        print(warning, file=sys.stderr, flush=True)
     overrides = " ".join(f"{key}={env[key]}" for key in ORCHESTRATOR_ENVIRONMENT if key in env)
     print("+ " + (overrides + " " if overrides else "") + " ".join(command), flush=True)
     process = subprocess.Popen(command, env=env)

@@ -36,7 +36,7 @@ from typing import Callable
 import numpy as np
 
 from engine_build.repository import variant_repository
-from serving.tritonserver import TritonServer, is_ready
+from serving.tritonserver import TritonServer, http_queue_warning, http_thread_queue_capacity, is_ready
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, HttpSession, Hung
 from testkit.metrics import metric_values
@@ -310,6 +310,7 @@ class Report:
     server_alive: bool
     failures: list[str]
     incidents: list[str]  # every unexpected error and hung request: when it began, what, which workload
+    http_thread_queue: int  # responses one tritonserver HTTP thread may have queued before they are dropped
 
 
 def error_class(message: str) -> str:
@@ -324,11 +325,14 @@ def run_load(target: Target, duration_s: float, concurrency: int, request_timeou
     began = time.monotonic()
     deadline = began + duration_s
 
+    current: dict[int, tuple[str, float]] = {}  # client index -> the workload it runs, since when
+
     def client(index: int) -> None:
         rng = random.Random(seed * 1000 + index)
         while time.monotonic() < deadline:
             name, workload = draw(rng, weights)
             started = time.monotonic() - began
+            current[index] = (name, started)
             try:
                 outcome = workload(target, request_timeout_s)
             except Hung as error:
@@ -349,8 +353,11 @@ def run_load(target: Target, duration_s: float, concurrency: int, request_timeou
     join_deadline = time.monotonic() + request_timeout_s + 10  # one bound for all: requests run in parallel
     for thread in threads:  # each finishes its request in flight, bounded by the request timeout
         thread.join(max(0.0, join_deadline - time.monotonic()))
-    stuck = sum(thread.is_alive() for thread in threads)
-    outcomes += [Outcome("client", "hung", "client thread did not finish")] * stuck
+    for index, thread in enumerate(threads):
+        if thread.is_alive():
+            name, started = current[index]
+            outcomes.append(Outcome(name, "hung", "no end by the request timeout after the load (the client's own "
+                                                  "timeout did not fire)", started_s=started))
     return outcomes, snapshots
 
 
@@ -395,6 +402,7 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
         server_alive=server_alive(),
         failures=failures,
         incidents=incidents,
+        http_thread_queue=http_thread_queue_capacity(),
     )
 
 
@@ -430,6 +438,7 @@ def print_report(report: Report) -> None:
     print("  /dev/shm (server)       " + "".join(f"{s.shm_bytes / 2**20:16.1f}" for s in report.memory))
     print("  /dev/shm (all)          " + "".join(f"{s.dev_shm_used_bytes / 2**20:16.1f}" for s in report.memory))
     print(f"engine sequences after quiesce: {report.engine_sequences_after_quiesce}")
+    print(f"tritonserver HTTP thread queue: {report.http_thread_queue} responses (net.core.wmem_default)")
     if report.incidents:
         print(f"incidents (when each began into the load; first 20 of {len(report.incidents)}):")
         for incident in report.incidents[:20]:
@@ -458,6 +467,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--weight", action="append", default=[], metavar="WORKLOAD=W",
                         help="replace a workload's share of the mix (0 leaves it out), e.g. disconnect_http=0.4; "
                              "repeatable")
+    parser.add_argument("--server-arg", action="append", default=[], metavar="ARG",
+                        help="one more tritonserver argument, e.g. --server-arg=--http-thread-count=32; repeatable")
     args = parser.parse_args(argv)
     try:
         weights = mix_weights(args.weight)
@@ -465,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     warmup = args.warmup if args.warmup is not None else max(10.0, args.duration / 4)
     args.report.parent.mkdir(parents=True, exist_ok=True)
+    if warning := http_queue_warning():
+        print(warning, flush=True)
 
     def soak(target: Target, server_alive: Callable[[], bool]) -> Report:
         start = MemorySnapshot.take("start", target.server_pid)
@@ -491,7 +504,7 @@ def main(argv: list[str] | None = None) -> int:
             # its own response; 256 run at once (an engine batch), 64 more may wait, the rest is shed (503).
             repo = variant_repository(repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms,
                                       merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64)
-        with TritonServer(repo, log_path=args.server_log) as server:
+        with TritonServer(repo, log_path=args.server_log, extra_args=tuple(args.server_arg)) as server:
             target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid)
             report = soak(target, server.is_alive)
     args.report.write_text(json.dumps(asdict(report), indent=2, default=str) + "\n")

@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import numpy as np
 import pytest
 
-from bls.engine_http import Disconnected, ResponseReader, carries, request_body
+from bls.engine_http import Disconnected, GenerateStreams, ResponseReader, carries, request_body
 from bls.engine_streams import EngineStreams
 from bls.errors import ModelStepError
 from tests.unit.test_engine_streams import read_to_the_end
@@ -279,6 +279,22 @@ def test_an_event_of_another_request_ends_the_stream_with_an_error(http_engine):
     assert received == [11]
     assert caught.value.kind == "internal"
     assert engine.closed.acquire(timeout=5)  # that connection is not kept for another stream
+
+
+def test_a_stream_silent_after_its_start_ends_with_an_error(http_engine, monkeypatch):
+    """A response lost on the way (Triton's HTTP frontend drops them when a thread's queue is full) must not
+    leave the BLS waiting forever: a started stream silent for SILENCE_S ends with an error."""
+    engine, streams = http_engine
+    monkeypatch.setattr(GenerateStreams, "SILENCE_S", 0.5)
+    monkeypatch.setattr(GenerateStreams, "CHECK_S", 0.1)
+    engine.release.clear()  # the first token goes out, then nothing
+    received = []
+    with pytest.raises(ModelStepError, match="no event for 0.5 s after 1 events") as caught:
+        for response in streams.stream("tensorrt_llm", ONE_TOKEN, ["output_ids"], "slow-0"):
+            received.append(response["output_ids"].item())
+    assert received == [11] and caught.value.kind == "internal"
+    engine.release.set()
+    assert engine.disconnected.wait(5)  # its connection was closed: Triton cancels the engine request
 
 
 def test_closing_the_stream_early_closes_the_connection(http_engine):

@@ -52,3 +52,17 @@ def test_a_draft_needs_orchestrator_mode_with_world_size_one():
     assert {"--enable-peer-access=false", "--cuda-memory-pool-byte-size=0:0",
             "--cuda-memory-pool-byte-size=1:0"} <= set(command)
     assert ORCHESTRATOR_ENVIRONMENT == {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def test_the_http_thread_queue_is_measured_as_libevhtp_fills_it():
+    """The count of 17-byte commands a non-blocking unix socketpair takes: what one HTTP thread may have queued."""
+    capacity = tritonserver.http_thread_queue_capacity()
+    assert 0 < capacity < 1 << 20
+
+
+def test_a_small_http_thread_queue_is_a_warning_naming_the_sysctl(monkeypatch):
+    monkeypatch.setattr(tritonserver, "http_thread_queue_capacity", lambda: 278)
+    warning = tritonserver.http_queue_warning()
+    assert "queue only 278 responses" in warning and "sysctl -w net.core.wmem_default=4194304" in warning
+    monkeypatch.setattr(tritonserver, "http_thread_queue_capacity", lambda: 5462)
+    assert tritonserver.http_queue_warning() is None
