@@ -120,8 +120,8 @@ class EventStreamError(RuntimeError):
 class MisdeliveredEvent(EventStreamError):
     """An event of another request arrived on this stream's connection.
 
-    Triton's generate endpoint answers with the request's "id" in every event. A 10-minute soak on Triton 2.51
-    once saw one client's connection receive another stream's event (docs/operations.md, soak findings): the
+    Triton's generate endpoint answers with the request's "id" in every event. Never seen (a soak's odd first
+    bytes turned out to be a stream's own event sent before its headers: docs/operations.md); a guard, so that a
     stream ends with this error rather than hand someone else's tokens on."""
 
 
@@ -267,14 +267,8 @@ class GenerateStreams:
     def _end_silent_streams(self) -> None:
         now = time.monotonic()
         for key in list(self._selector.get_map().values()):
-            stream = key.data
-            if stream is not None and stream._event_count and now - stream._last_data > self.SILENCE_S:
-                log.error("engine request %s: no event for %.0f s after %d events; ending the stream with an error",
-                          stream._request_id, now - stream._last_data, stream._event_count)
-                stream._finish(EngineSilent(
-                    f"no event for {self.SILENCE_S:g} s after {stream._event_count} events (a response lost on the "
-                    "way: tritonserver's HTTP frontend drops responses when an HTTP thread's queue is full; see "
-                    "docs/operations.md)"), reusable=False)
+            if key.data is not None:
+                key.data._end_if_silent(now, self.SILENCE_S)
 
     def _register_arrivals(self) -> None:
         try:
@@ -366,6 +360,17 @@ class HttpStream:
             if self._ended:
                 return
         self._streams._register(self)
+
+    def _end_if_silent(self, now: float, silence_s: float) -> None:
+        """End with EngineSilent when the stream has started and nothing arrived for silence_s (reader thread)."""
+        if not self._event_count or now - self._last_data <= silence_s:
+            return
+        log.error("engine request %s: no event for %.0f s after %d events; ending the stream with an error",
+                  self._request_id, now - self._last_data, self._event_count)
+        self._finish(EngineSilent(
+            f"no event for {silence_s:g} s after {self._event_count} events (a response lost on the way: "
+            "tritonserver's HTTP frontend drops responses when an HTTP thread's queue is full; see "
+            "docs/operations.md)"), reusable=False)
 
     def _read(self) -> None:
         """Read what is there and hand its events on (reader thread)."""
