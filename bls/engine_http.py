@@ -146,6 +146,8 @@ class GenerateStreams:
     while several streams are sending, reads at most once per SWEEP_S pays one wake-up for every event that
     arrived in the meantime (a minimal reader, 16 streams on 2 cores: 67-85 µs an event woken per event, 43-50 µs
     with 1-2 ms sweeps). The cost: under load an event waits up to SWEEP_S longer (a GPU step is 10-50 ms).
+    `after_sweep`, when given, runs on the reader after each sweep that read from a stream: the BLS sends there what
+    the sweep's events queued (bls.response_loop.ResponseLoop.send_waiting).
     """
 
     SWEEP_S = 0.002
@@ -153,8 +155,9 @@ class GenerateStreams:
     SILENCE_S = 60.0  # a stream that has started and then sends nothing this long ends with EngineSilent
     CHECK_S = 1.0  # how often the reader looks for silent streams
 
-    def __init__(self, host: str, port: int):
+    def __init__(self, host: str, port: int, after_sweep: Callable[[], None] | None = None):
         self.host, self.port = host, port
+        self._after_sweep = after_sweep
         self._lock = threading.Lock()
         self._idle: list[tuple[float, socket.socket]] = []  # (since when, connection), newest last
         self._arriving: list[HttpStream] = []  # opened, for the reader to register
@@ -258,6 +261,11 @@ class GenerateStreams:
                     log.exception("the engine stream reader failed on one stream")
                     if stream is not None:
                         stream._finish(Disconnected("the engine stream reader failed; see the log"), reusable=False)
+            if self._after_sweep is not None and any(key.data is not None for key, _ in ready):
+                try:
+                    self._after_sweep()
+                except Exception:  # noqa: BLE001 - as above: the reader must go on
+                    log.exception("the engine stream reader's after-sweep call failed")
             # Under load (several streams had something), let the next events gather; a lone stream (a
             # speculative round's engine calls, one request on an idle server) is read at once.
             pause = swept + self.SWEEP_S - time.monotonic()

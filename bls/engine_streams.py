@@ -117,13 +117,14 @@ class EngineStreams:
     """Decoupled requests to the engines, shared by every thread of the process: over HTTP generate_stream
     when it carries the request exactly, else over one gRPC channel."""
 
-    def __init__(self, grpc_url: str, http_url: str | None = None):
+    def __init__(self, grpc_url: str, http_url: str | None = None, after_http_sweep: Callable[[], None] | None = None):
+        """`after_http_sweep`: see GenerateStreams (what stream_each's on_response queued over HTTP is sent there)."""
         self.grpc_url = grpc_url
         self.http_url = http_url
         self._lock = threading.Lock()
         self._stub: service_pb2_grpc.GRPCInferenceServiceStub | None = None
         host, _, port = (http_url or "").rpartition(":")
-        self._http = GenerateStreams(host, int(port)) if http_url else None
+        self._http = GenerateStreams(host, int(port), after_http_sweep) if http_url else None
         # Open streams: their request ids and how to break them, for cancel(); keyed by stream, not request
         # id, since a `stop` request reuses its child's id.
         self._open: dict[object, tuple[str, Callable[[], None]]] = {}

@@ -197,6 +197,25 @@ def test_stream_each_hands_every_stream_to_one_reader_thread(http_engine):
     assert {name for events in seen.values() for name, _ in events} == {"engine-http-reader"}
 
 
+def test_after_each_sweep_the_reader_calls_back_on_its_own_thread_and_survives_a_failing_call(http_engine):
+    """The BLS sends what a sweep's events queued there (ResponseLoop.send_waiting)."""
+    _, plain = http_engine
+    handled, sweeps = [], []
+
+    def after_sweep() -> None:
+        sweeps.append((threading.current_thread().name, len(handled)))
+        if len(sweeps) == 1:
+            raise RuntimeError("a failing callback")
+
+    streams = EngineStreams("127.0.0.1:1", plain.http_url, after_http_sweep=after_sweep)
+    for request_id in ("r0", "r1"):
+        assert streams.stream_each("tensorrt_llm", ONE_TOKEN, ["output_ids"], request_id,
+                                   lambda response: handled.append(response["output_ids"].item()) or True)
+    assert handled == [11, 12, 13] * 2, "the reader went on after the callback failed"
+    assert {name for name, _ in sweeps} == {"engine-http-reader"}
+    assert sweeps[-1][1] == 6, "called after the sweep that handed on the last events"
+
+
 def test_stream_each_stops_when_told_and_raises_what_the_handler_raised(http_engine):
     engine, streams = http_engine
     engine.tokens = list(range(100))

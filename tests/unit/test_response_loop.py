@@ -1,4 +1,5 @@
-"""bls.response_loop: one sending thread, streams merged while they wait, first responses first."""
+"""bls.response_loop: sending threads, streams merged while they wait, first responses first; a thread that sends
+what it queues itself (send_waiting)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,7 @@ class Transport:
         self.cancelled = False
         self.cancel_checks = 0
         self.done = threading.Event()
+        self.senders: list[str] = []  # the thread of each send
 
     def send(self, outputs, final=False):
         self.sending.set()
@@ -38,6 +40,7 @@ class Transport:
         if self.fail_at is not None and len([e for e in self.log if e[0] == self.name]) == self.fail_at:
             raise RuntimeError("the client's connection broke")
         self.log.append((self.name, outputs["text"][0].decode() if "text" in outputs else "", final))
+        self.senders.append(threading.current_thread().name)
         if final:
             self.done.set()
 
@@ -227,3 +230,55 @@ def test_a_gone_client_interrupts_its_producer_once():
         assert late == ["now"], "a callback registered after the cancellation runs at once"
     finally:
         loop.close(5)
+
+
+def on_thread(name: str, work) -> None:
+    thread = threading.Thread(target=work, name=name)
+    thread.start()
+    thread.join(5)
+    assert not thread.is_alive()
+
+
+def test_a_thread_that_sends_for_itself_wakes_no_sending_thread(loop):
+    """The engine stream reader's way: queue a sweep's responses, then send_waiting() on the same thread."""
+    log = []
+    first, second = Transport("first", log), Transport("second", log)
+    streams = {}
+
+    def sweep():
+        loop.send_waiting()  # nothing waits yet; from now on this thread sends what it queues
+        streams["first"] = loop.open(first, join_texts)
+        streams["second"] = loop.open(second, join_texts)
+        for piece in ("a", "b"):
+            streams["first"].send(text(piece))
+        streams["second"].send(text("c"))
+        threading.Event().wait(0.2)  # a sending thread woken by these sends would have taken them by now
+        assert log == []
+        loop.send_waiting()
+
+    on_thread("reader", sweep)
+    assert log == [("first", "ab", False), ("second", "c", False)], "merged while waiting, in the order queued"
+    assert first.senders == second.senders == ["reader"]
+    streams["first"].send(text("end"), final=True)  # from a thread that does not send for itself
+    assert first.done.wait(5)
+    assert first.senders[-1] == "bls-send-0"
+
+
+def test_what_another_thread_queues_during_a_self_sending_threads_send_still_goes_out(loop):
+    log, gate = [], threading.Event()
+    transport = Transport("a", log, gate)
+    stream = loop.open(transport, join_texts)
+
+    def sweep():
+        loop.send_waiting()
+        stream.send(text("0"))
+        loop.send_waiting()  # held in the send of "0" until the gate opens
+
+    reader = threading.Thread(target=sweep, name="reader")
+    reader.start()
+    assert transport.sending.wait(5)
+    stream.send(text("1"), final=True)  # this thread sends nothing itself: a sending thread must
+    gate.set()
+    reader.join(5)
+    assert transport.done.wait(5)
+    assert log == [("a", "0", False), ("a", "1", True)] and transport.senders == ["reader", "bls-send-0"]

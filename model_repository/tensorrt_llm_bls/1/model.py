@@ -12,6 +12,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import triton_python_backend_utils as pb_utils
 
@@ -40,7 +41,9 @@ MODEL = "tensorrt_llm_bls"
 # requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
 # unload through the repository API waits until every response sender is released.
 UNLOAD_WAIT_S = 10.0
-# Threads that send this instance's responses (bls.response_loop). Sends are serialised (PB_LOCK), but each
+# Threads that send what this instance's other threads queue (bls.response_loop: the engine's HTTP stream
+# reader, which carries most streamed tokens, sends its own; gRPC engine streams, speculative decoding rounds and
+# final responses come from other threads). Sends are serialised (PB_LOCK), but each
 # is a round trip to tritonserver after which the thread must win the GIL back from the streams' threads:
 # with one thread that wait was most of a send under load (soak, 256 clients on 2 cores: 0.8 s between a
 # stream's responses); with four, one sends while the others wait for the GIL (0.15 s).
@@ -70,19 +73,21 @@ class TritonPythonModel:
         self.responses = ResponseLoop(threads=SENDING_THREADS)
         self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
         self.generator = TextGenerator(
-            self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config))
+            self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config),
+                                                          self.responses.send_waiting)
                                      if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )
 
     @staticmethod
-    def _engine_streams(params, max_streams: int) -> EngineStreams:
+    def _engine_streams(params, max_streams: int, send_waiting: Callable[[], None]) -> EngineStreams:
         """Engine streams go through this server's own endpoints (bls/engine_streams.py says why); the stub's
-        parent process is tritonserver. `max_streams`: how many all instances of this model may hold at once."""
+        parent process is tritonserver. `max_streams`: how many all instances of this model may hold at once.
+        `send_waiting`: the HTTP reader sends what each sweep of engine events queued (bls/response_loop.py)."""
         server_pid = os.getppid()
         streams = EngineStreams(*endpoints(params.get("engine_grpc_url", ""), params.get("engine_http_url", ""),
-                                           server_pid))
+                                           server_pid), after_http_sweep=send_waiting)
         pb_utils.Logger.log_info(f"{MODEL}: engine requests stream through tritonserver's HTTP generate_stream at "
                                  f"{streams.http_url or '(HTTP disabled)'} and gRPC at {streams.grpc_url} (requests "
                                  "HTTP cannot carry exactly)")
