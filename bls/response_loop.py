@@ -119,7 +119,7 @@ class QueuedStream:
         last.outputs = merged
         return True
 
-    # -- on a sending thread (one at a time per stream) ------------------------------------------------------
+    # -- on a sending thread: the loop's, or one in send_waiting (one at a time per stream) ------------------
     def _transmit(self, items: list[_Outgoing]) -> None:
         for item in items:
             if self._cancelled and not item.final:
@@ -158,7 +158,8 @@ class QueuedStream:
 
 
 class ResponseLoop:
-    """The sending threads of one process. `open` a stream per request; `close` at unload sends what waits."""
+    """Sends the streamed responses of one process, on its threads and on those that call send_waiting. `open` a
+    stream per request; `close` at unload sends what waits."""
 
     def __init__(self, name: str = "bls-send", checks: CancellationChecks = PROCESS_CHECKS, threads: int = 1):
         self._checks = checks
