@@ -85,6 +85,8 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
             for arrival, payload in events:
                 received, last = received + 1, payload
                 event = json.loads(payload)
+                if "error" in event and "id" not in event:  # Triton's error events carry no id
+                    return _error(workload, event["error"])
                 if event.get("id") != request_id:
                     return Outcome(workload, "unexpected_error", f"cross-talk: an event of request {event.get('id')!r} "
                                                                  "on the connection of another request")
