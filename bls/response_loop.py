@@ -221,7 +221,7 @@ class ResponseLoop:
                 taken = self._take()
             if taken is None:
                 return
-            self._transmit(*taken)
+            self._send_taken(*taken)
 
     def _run(self) -> None:
         while True:
@@ -231,7 +231,7 @@ class ResponseLoop:
                 taken = self._take()
             if taken is None:
                 return
-            self._transmit(*taken)
+            self._send_taken(*taken)
 
     def _take(self) -> tuple[QueuedStream, list[_Outgoing]] | None:
         """The next stream to send and what it has waiting (with the lock held), or None when none waits."""
@@ -244,7 +244,7 @@ class ResponseLoop:
         stream._sent_any = True
         return stream, items
 
-    def _transmit(self, stream: QueuedStream, items: list[_Outgoing]) -> None:
+    def _send_taken(self, stream: QueuedStream, items: list[_Outgoing]) -> None:
         stream._transmit(items)
         with self._lock:
             self._sending.discard(stream)
