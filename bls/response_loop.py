@@ -50,6 +50,11 @@ class Transport(Protocol):
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
 
+    def build(self, outputs: Mapping[str, np.ndarray]) -> object:
+        """The response send() would hand over, built now; nothing is sent."""
+
+    def send_built(self, response: object, final: bool = False) -> None: ...
+
     def send_error(self, error: BaseException) -> None: ...
 
     def is_cancelled(self, wait: bool = False) -> bool:
@@ -61,6 +66,7 @@ class _Outgoing:
     outputs: Tensors | None  # None: an error response (always final)
     final: bool
     error: BaseException | None = None
+    built: object | None = None  # the transport's response, built ahead of the send (send_waiting)
 
 
 class QueuedStream:
@@ -120,6 +126,16 @@ class QueuedStream:
         return True
 
     # -- on a sending thread: the loop's, or one in send_waiting (one at a time per stream) ------------------
+    def _build(self, items: list[_Outgoing]) -> None:
+        """Build the responses of `items` ahead of their sends; one that cannot be built is left to _transmit,
+        whose send then fails the way any send does."""
+        for item in items:
+            if item.outputs is not None and not self._cancelled:
+                try:
+                    item.built = self._transport.build(item.outputs)
+                except Exception:  # noqa: BLE001 - reported by the send that follows
+                    pass
+
     def _transmit(self, items: list[_Outgoing]) -> None:
         for item in items:
             if self._cancelled and not item.final:
@@ -127,6 +143,8 @@ class QueuedStream:
             try:
                 if item.error is not None:
                     self._transport.send_error(item.error)
+                elif item.built is not None:
+                    self._transport.send_built(item.built, final=item.final)
                 else:
                     self._transport.send(item.outputs, final=item.final)
             except Exception as error:  # noqa: BLE001 - one broken stream must not stop the loop
@@ -210,17 +228,21 @@ class ResponseLoop:
     def send_waiting(self) -> None:
         """Send one round of what waits, on the calling thread: each stream queued now, once, new streams first.
 
+        Every response of the round is built before the first is sent: a send is a round trip to tritonserver
+        after which this process's code and data are no longer in the CPU's caches (2 cores, 16 streams: a
+        response built right after a send cost 24 µs of CPU, the same response built again at once 13).
+
         The calling thread is remembered: what it queues from then on wakes none of the loop's threads, so it must
         call this again after queueing (the engine stream reader does after every sweep of its sockets).
         Responses queued by other threads wake the loop's threads as always."""
         with self._lock:
             self._self_sending.add(threading.get_ident())
-            rounds = len(self._new) + len(self._running)
-        for _ in range(rounds):
-            with self._lock:
-                taken = self._take()
-            if taken is None:
-                return
+            rounds = []
+            while (taken := self._take()) is not None:
+                rounds.append(taken)
+        for stream, items in rounds:
+            stream._build(items)
+        for taken in rounds:
             self._send_taken(*taken)
 
     def _run(self) -> None:

@@ -223,8 +223,17 @@ class SafeSender:
         array the stub serialised it into, a Python deallocation without the GIL, which can corrupt the allocator
         while other threads run Python: a candidate (not proven) for the BLS stub's SIGSEGV in libpython under the
         soak's gRPC clients, which ask for text_output alone."""
-        self._send(lambda: make_response({name: value for name, value in outputs.items() if name in self._requested}),
-                   final)
+        with PB_LOCK:
+            self.send_built(self.build(outputs), final)
+
+    def build(self, outputs: Mapping[str, np.ndarray]) -> Any:
+        """The response send() would send, built now (pb_utils objects only: nothing reaches Triton before
+        send_built)."""
+        with PB_LOCK:
+            return make_response({name: value for name, value in outputs.items() if name in self._requested})
+
+    def send_built(self, response: Any, final: bool = False) -> None:
+        self._send(lambda: response, final)
 
     def send_error(self, error: BaseException) -> None:
         """The error, as the stream's final response.

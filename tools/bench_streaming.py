@@ -61,6 +61,11 @@ def _tokens_per_s(run: LoadRun) -> float:
     return STREAM_TOKENS * len(run.results) / run.wall_s
 
 
+def _responses_per_token(run: LoadRun) -> float:
+    """Streamed responses the clients received per generated token (1.0: one per token, as the engine sends)."""
+    return sum(len(trace.arrivals) for trace in run.results) / (STREAM_TOKENS * len(run.results))
+
+
 def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
     seconds = sum(s for name, s in run.server_cpu_s.items() if name.startswith(prefix))
     return seconds / (STREAM_TOKENS * len(run.results)) * 1e6
@@ -148,9 +153,8 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                             RATIO_TARGET.get(clients) if model == "tensorrt_llm_bls" else None))
         # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
-        events = sum(len(trace.arrivals) for trace in runs["tensorrt_llm_bls"].results)
-        rows.append(Row(f"{clients:>3} streams: BLS responses per token", events / (STREAM_TOKENS * len(
-            runs["tensorrt_llm_bls"].results)), "x"))
+        rows.append(Row(f"{clients:>3} streams: BLS responses per token", _responses_per_token(runs["tensorrt_llm_bls"]),
+                        "x"))
         rows.append(Row(f"{clients:>3} streams: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]),
                         "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
@@ -187,8 +191,7 @@ def _interval_rows(ctx: BenchContext) -> list[Row]:
         bls = runs["tensorrt_llm_bls"]
         label = f"{clients:>3} streams, stream_interval {STREAM_INTERVAL}"
         rows.append(Row(f"{label}: BLS / floor", _tokens_per_s(bls) / _tokens_per_s(runs["tensorrt_llm"]), "x"))
-        rows.append(Row(f"{label}: BLS responses per token", sum(len(trace.arrivals) for trace in bls.results) / (
-            STREAM_TOKENS * len(bls.results)), "x"))
+        rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
         rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs"))
     return rows
 
@@ -203,7 +206,14 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
         stream_load(server, model, 1, 1, lambda _i, m=model: bodies[model])  # warm-up
         runs[model] = stream_load(server, model, PACED_CONCURRENCY, 1 if ctx.quick else 2,
                                   lambda _i, m=model: bodies[m], stagger_s=stream_s)
+    bls = runs["tensorrt_llm_bls"]
     rows: list[Row] = []
     rows.append(Row(f"{label}: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
-    rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms", TTFT_TARGET))
+    rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(bls), "ms", TTFT_TARGET))
+    # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token here
+    # is the cost of one response per token, with no merging to lower it (the throughput runs above merge).
+    rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
+    rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs",
+                    BLS_CPU_TARGET))
+    rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run)", _cpu_us_per_token(bls, "tritonserver"), "µs"))
     return rows

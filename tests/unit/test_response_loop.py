@@ -32,8 +32,22 @@ class Transport:
         self.cancel_checks = 0
         self.done = threading.Event()
         self.senders: list[str] = []  # the thread of each send
+        self.order: list[tuple[str, str, str]] = []  # ("build" or "send", stream, text), as they happened
+
+    def build(self, outputs):
+        if "unbuildable" in outputs:
+            raise ValueError("a tensor the stub cannot take")
+        self.order.append(("build", self.name, outputs["text"][0].decode()))
+        return {**outputs, "prebuilt": True}
+
+    def send_built(self, response, final=False):
+        assert response.pop("prebuilt")
+        self.send(response, final)
 
     def send(self, outputs, final=False):
+        if "unbuildable" in outputs:
+            raise ValueError("a tensor the stub cannot take")
+        self.order.append(("send", self.name, outputs["text"][0].decode() if "text" in outputs else ""))
         self.sending.set()
         if self.gate is not None:
             assert self.gate.wait(5)
@@ -282,3 +296,47 @@ def test_what_another_thread_queues_during_a_self_sending_threads_send_still_goe
     reader.join(5)
     assert transport.done.wait(5)
     assert log == [("a", "0", False), ("a", "1", True)] and transport.senders == ["reader", "bls-send-0"]
+
+
+def test_a_self_sending_thread_builds_every_response_of_its_round_before_the_first_send(loop):
+    """A send is a round trip to tritonserver that leaves the CPU's caches cold: builds run back to back first."""
+    order: list = []
+    transports = [Transport(name, []) for name in ("a", "b", "c")]
+    for transport in transports:
+        transport.order = order
+
+    def sweep():
+        loop.send_waiting()
+        streams = [loop.open(transport, join_texts) for transport in transports]
+        for stream, transport in zip(streams, transports):
+            stream.send(text(transport.name + "1"))
+        loop.send_waiting()
+        for stream in streams:
+            stream.send(text("end"), final=True)
+        loop.send_waiting()
+
+    on_thread("reader", sweep)
+    assert all(transport.done.wait(5) for transport in transports)
+    first_round = order[:6]
+    assert [kind for kind, *_ in first_round] == ["build"] * 3 + ["send"] * 3
+    assert [text for *_, text in first_round] == ["a1", "b1", "c1"] * 2
+    assert all(transport.senders == ["reader", "reader"] for transport in transports)
+
+
+def test_a_response_that_cannot_be_built_ends_its_stream_only(loop):
+    log: list = []
+    bad, good = Transport("bad", log), Transport("good", log)
+
+    def sweep():
+        loop.send_waiting()
+        bad_stream, good_stream = loop.open(bad, join_texts), loop.open(good, join_texts)
+        bad_stream.send({**text("x"), "unbuildable": True})
+        good_stream.send(text("y"))
+        good_stream.send(text("end"), final=True)
+        loop.send_waiting()
+        loop.send_waiting()
+
+    on_thread("reader", sweep)
+    assert bad.done.wait(5) and good.done.wait(5)
+    assert [entry for entry in log if entry[0] == "bad"] == [("bad", "error: a tensor the stub cannot take", True)]
+    assert "".join(t for name, t, _ in log if name == "good") == "yend"
