@@ -40,12 +40,24 @@ HUNG_AFTER_S = 10.0
 ENGINE_FAILS_AT_THIRD_TOKEN = {"frequency_penalty": -3e38, "top_k": 50, "end_id": -1}
 
 
-@pytest.fixture(scope="module")
-def synthetic_repo(tmp_path_factory) -> Path:
+def _synthetic_repository(tmp_path_factory, **overrides) -> Path:
     if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
     return assemble_repository(tmp_path_factory.mktemp("faults") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True))
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
+        **overrides))
+
+
+@pytest.fixture(scope="module")
+def synthetic_repo(tmp_path_factory) -> Path:
+    return _synthetic_repository(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def paced_repo(tmp_path_factory) -> Path:
+    """The synthetic engine at 5 ms a step: a 4,000-token stream runs 20 s, so a fault injected once it has started
+    lands in the middle of it on any host (unpaced, a fast host generated all of it in under a second)."""
+    return _synthetic_repository(tmp_path_factory, step_ms=5.0)
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +127,13 @@ def wait_engine_sequences(server: TritonServer, count: int, timeout_s: float = H
 
 # ---- (a) the engine's stub process is killed mid-request ------------------------------------------------
 
-def test_killed_engine_stub(synthetic_repo, tmp_path):
+def test_killed_engine_stub(paced_repo, tmp_path):
     """kill -9 of tensorrt_llm's stub while a BLS stream runs through it."""
     explicit = ("--model-control-mode=explicit", "--load-model=*")  # allows reloading one model
-    with TritonServer(synthetic_repo, log_path=tmp_path / "tritonserver.log", extra_args=explicit) as server:
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log", extra_args=explicit) as server:
         stream = BackgroundStream(lambda: generate_stream(server.http_url, BLS, {
             "text_input": "tell me", "max_tokens": 4000, "end_id": -1, "stream": True}, timeout=HUNG_AFTER_S))
-        wait_engine_sequences(server, 1)  # it is generating (4000 tokens: seconds): kill the engine under it
+        wait_engine_sequences(server, 1)  # it is generating (4000 tokens: 20 s): kill the engine under it
         os.kill(stub_pid(server, ENGINE), signal.SIGKILL)
 
         # The in-flight request is never told: no error, no final response; the client runs into its own
