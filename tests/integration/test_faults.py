@@ -120,7 +120,12 @@ def wait_engine_idle(server: TritonServer, timeout_s: float = 2.0) -> None:
 
 def wait_engine_sequences(server: TritonServer, count: int, timeout_s: float = HUNG_AFTER_S) -> None:
     deadline = time.monotonic() + timeout_s
-    while engine_sequences(server) < count:
+    while True:
+        try:
+            if engine_sequences(server) >= count:
+                return
+        except OSError:  # tritonserver opens its metrics port ~40 ms after the HTTP port that said it was ready
+            pass
         assert time.monotonic() < deadline, f"the engine never ran {count} sequences"
         time.sleep(0.05)
 
