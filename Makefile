@@ -46,7 +46,7 @@ MAX_SEQ_LEN ?=
 KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
-# tensorrt_llm_bls instances; default: one per 2 cores of the host that runs `make repo`, 1 to 8.
+# tensorrt_llm_bls instances; default: one per 4 cores of the host that runs `make repo`, 1 to 8.
 BLS_INSTANCES ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1

@@ -279,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
         p.add_argument("--bls-instances", type=int,
-                       help="tensorrt_llm_bls instances (default: one per 2 cores of this host, 1 to 8)")
+                       help="tensorrt_llm_bls instances (default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")
