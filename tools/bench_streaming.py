@@ -10,7 +10,9 @@ Unpaced, every client starts at once (a burst of arrivals), and the stand-in gen
 it, faster than its own responses go out, so a new stream's first token waits behind queued responses (the
 engine alone's first token p50 is printed beside the BLS's). Time to first token is therefore also measured in
 steady traffic: the engine paced like a GPU, one token per stream every PACED_STEP_MS (a decoding step), at a
-rate the engine hop carries here, and the clients' starts spread over one stream's duration.
+rate the engine hop carries here, and the clients' starts spread over one stream's duration. Paced, the BLS keeps
+up and sends one response per token: its CPU per token there is what a GPU deployment's BLS pays. The paced runs
+are at PACED_CONCURRENCY streams unless `--paced-streams` names others (a many-core host carries 256).
 
 Then the same at 64 and 256 streams with the BLS built with a stream interval of 4 (`make repo STREAM_INTERVAL=4`):
 what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that streams one response per token: the CPU one response costs
@@ -199,21 +201,24 @@ def _interval_rows(ctx: BenchContext) -> list[Row]:
 def _paced_rows(ctx: BenchContext) -> list[Row]:
     server = ctx.server(_repo(ctx, "streaming-paced", step_ms=PACED_STEP_MS))
     bodies = _bodies(server.http_url)
-    label = f"{PACED_CONCURRENCY} streams, engine step {PACED_STEP_MS:.0f} ms"
     stream_s = STREAM_TOKENS * PACED_STEP_MS / 1000
-    runs = {}
     for model in ("tensorrt_llm", "tensorrt_llm_bls"):
-        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[model])  # warm-up
-        runs[model] = stream_load(server, model, PACED_CONCURRENCY, 1 if ctx.quick else 2,
-                                  lambda _i, m=model: bodies[m], stagger_s=stream_s)
-    bls = runs["tensorrt_llm_bls"]
+        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])  # warm-up
     rows: list[Row] = []
-    rows.append(Row(f"{label}: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
-    rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(bls), "ms", TTFT_TARGET))
-    # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token here
-    # is the cost of one response per token, with no merging to lower it (the throughput runs above merge).
-    rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
-    rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs",
-                    BLS_CPU_TARGET))
-    rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run)", _cpu_us_per_token(bls, "tritonserver"), "µs"))
+    for streams in ctx.paced_streams:
+        label = f"{streams} streams, engine step {PACED_STEP_MS:.0f} ms"
+        runs = {model: stream_load(server, model, streams, 1 if ctx.quick else 2, lambda _i, m=model: bodies[m],
+                                   stagger_s=stream_s)
+                for model in ("tensorrt_llm", "tensorrt_llm_bls")}
+        bls = runs["tensorrt_llm_bls"]
+        ttft_target = TTFT_TARGET if streams == PACED_CONCURRENCY else None
+        rows.append(Row(f"{label}: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
+        rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(bls), "ms", ttft_target))
+        # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token
+        # here is the cost of one response per token, with no merging to lower it (the throughput runs merge).
+        rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
+        rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs",
+                        BLS_CPU_TARGET))
+        rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run)", _cpu_us_per_token(bls, "tritonserver"),
+                        "µs"))
     return rows
