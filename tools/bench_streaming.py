@@ -15,12 +15,16 @@ up and sends one response per token: its CPU per token there is what a GPU deplo
 are at PACED_CONCURRENCY streams unless `--paced-streams` names others (a many-core host carries 256).
 
 Then the same at 64 and 256 streams with the BLS built with a stream interval of 4 (`make repo STREAM_INTERVAL=4`):
-what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that streams one response per token: the CPU one response costs
-its stub to send, measured on a model that does nothing else (tools/bench_models/stub_send).
+what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that
+streams one response per token: the CPU one response costs its stub to send, measured on a model that does nothing
+else (tools/bench_models/stub_send), and what the same responses cost sent from a C++ backend
+(tools/bench_models/send_cpp).
 """
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -35,7 +39,7 @@ from testkit.processes import cpu_seconds
 from testkit.stats import percentile
 
 STREAM_TOKENS = 256
-STUB_SEND_REPO = Path(__file__).resolve().parent / "bench_models"
+BENCH_MODELS = Path(__file__).resolve().parent / "bench_models"  # stub_send (Python) and send_cpp (C++)
 CONCURRENCY = (1, 16, 64, 256)
 PROMPT = "Tell me a story about a brave little toaster."
 MODELS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
@@ -115,19 +119,50 @@ def run(ctx: BenchContext) -> list[Row]:
 
 def _stub_send_rows(ctx: BenchContext) -> list[Row]:
     """What one streamed response costs the Python backend's stub to send, with nothing else running: the floor
-    under the BLS's CPU per token whenever it sends one response per token (BLS_CPU_TARGET)."""
-    server = ctx.server(STUB_SEND_REPO)
+    under the BLS's CPU per token whenever it sends one response per token (BLS_CPU_TARGET). Beside it,
+    tritonserver's share of the same sends, and the same responses sent by a C++ backend from inside
+    tritonserver (send_cpp, compiled here when g++ is on PATH): what one response would cost a C++ BLS."""
+    repo = _bench_models_repo(ctx)
+    server = ctx.server(repo)
     session = HttpSession(server.http_url)
     count = 5_000 if ctx.quick else 20_000
-    session.generate_stream("stub_send", {"n": [100], "tensors": [1]})  # warm-up
+    models = [("stub_send", "Python backend")]
+    if (repo / "send_cpp" / "1" / "libtriton_send_cpp.so").is_file():
+        models.append(("send_cpp", "C++ backend"))
     rows = []
-    for tensors, what in ((1, "one output tensor (text_output)"), (2, "two output tensors (+ num_output_tokens)")):
-        before = cpu_seconds(server.process.pid)["stub_send_0_0"]
-        session.generate_stream("stub_send", {"n": [count], "tensors": [tensors]})
-        spent = cpu_seconds(server.process.pid)["stub_send_0_0"] - before
-        rows.append(Row(f"Python backend stub alone: CPU per streamed response, {what}", spent / count * 1e6, "µs"))
+    for model, backend in models:
+        session.generate_stream(model, {"n": [100], "tensors": [1]})  # warm-up
+        for tensors, what in ((1, "one output tensor (text_output)"), (2, "two output tensors (+ num_output_tokens)")):
+            before = cpu_seconds(server.process.pid)
+            trace = session.generate_stream(model, {"n": [count], "tensors": [tensors]})
+            after = cpu_seconds(server.process.pid)
+            if len(trace.arrivals) != count:
+                raise RuntimeError(f"{model} sent {count} responses, the client received {len(trace.arrivals)}")
+            spent = {name: (after[name] - before.get(name, 0.0)) / count * 1e6 for name in after}
+            if model == "stub_send":
+                rows.append(Row(f"Python backend stub alone: CPU per streamed response, {what}",
+                                spent["stub_send_0_0"], "µs"))
+            rows.append(Row(f"{backend}: tritonserver's CPU per streamed response, {what}", spent["tritonserver"],
+                            "µs"))
+    if len(models) == 1:
+        print("send_cpp skipped: no g++ on PATH to build tools/bench_models/send_cpp/send_cpp.cc", flush=True)
     session.close()
     return rows
+
+
+def _bench_models_repo(ctx: BenchContext) -> Path:
+    """The bench-only models under the work dir, send_cpp's library compiled into its version folder."""
+    repo = ctx.work_dir / "bench_models"
+    shutil.rmtree(repo, ignore_errors=True)
+    shutil.copytree(BENCH_MODELS, repo, ignore=shutil.ignore_patterns("__pycache__", "*.cc"))
+    if shutil.which("g++"):
+        version = repo / "send_cpp" / "1"
+        version.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(version / "libtriton_send_cpp.so"),
+                        str(BENCH_MODELS / "send_cpp" / "send_cpp.cc")], check=True)
+    else:
+        shutil.rmtree(repo / "send_cpp")
+    return repo
 
 
 def _unpaced_rows(ctx: BenchContext) -> list[Row]:
