@@ -86,6 +86,14 @@ def write_results(path: Path, results: dict, quick: bool) -> None:
     }, indent=2) + "\n")
 
 
+def _concurrencies(text: str) -> tuple[int, ...]:
+    """`64,256` -> (64, 256); argparse reports a ValueError as an invalid value of the option."""
+    values = tuple(int(n) for n in text.split(","))
+    if any(n < 1 for n in values):
+        raise ValueError(text)
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tools.bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -101,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: the engine's least step time in the throughput runs (default 0: as "
                              "fast as the CPU lets it, running ahead of its own sending; any value > 0 also makes the "
                              "stand-in wait for its sending, as a GPU engine whose C++ backend keeps up does)")
-    parser.add_argument("--paced-streams", type=lambda text: tuple(int(n) for n in text.split(",")), default=(64,),
+    parser.add_argument("--paced-streams", type=_concurrencies, default=(64,),
                         help="section streaming: concurrencies of the runs with the engine paced like a GPU, comma-"
                              "separated (default 64; a many-core host carries 256: 6,400 tok/s at 40 ms a step)")
     args = parser.parse_args(argv)

@@ -121,9 +121,11 @@ TRITONSERVER_Error* SendOne(TRITONBACKEND_ResponseFactory* factory, int32_t tens
     }
     if (error == nullptr) std::memcpy(buffer, &count, sizeof(count));
   }
-  // Sent with the error if building it failed: the response is released either way.
+  // Sent with the error if building it failed (the error stays ours): the response is released either way.
   TRITONSERVER_Error* sent = Check(TRITONBACKEND_ResponseSend(response, 0, error), "send");
-  return error != nullptr ? error : sent;
+  if (error == nullptr) return sent;
+  if (sent != nullptr) TRITONSERVER_ErrorDelete(sent);
+  return error;
 }
 
 }  // namespace
