@@ -21,6 +21,9 @@ import triton_python_backend_utils as pb_utils
 from bls.artifact import verify_model_files
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest, ModelStepError, Unavailable
+from bls.relay import (
+    SOCKET_PARAMETER, STREAM_PARAMETER, RelayConnection, RelayedRequest, encode_outputs, error_frame, response_frame,
+)
 
 if TYPE_CHECKING:  # only the BLS streams over gRPC: the other models' stubs need not import grpc
     from bls.engine_streams import EngineStreams
@@ -45,7 +48,7 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
     check is repeated here. Dtype and dims were already checked by Triton against the config.
     Request parameters are refused by name (see check_no_parameters).
     """
-    check_no_parameters(request.parameters())
+    check_no_parameters(request_parameters(request))
     tensors: Tensors = {}
     for spec in contract.inputs:
         tensor = pb_utils.get_input_tensor_by_name(request, spec.name)
@@ -61,8 +64,9 @@ def read_inputs(request: Any, contract: ModelContract) -> Tensors:
 _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", "binary_data")
 # Parameters that are not misspelt inputs: NVIDIA's inflight_batcher_llm_client.py (v0.14) sends {"Streaming":
 # ...} beside the `streaming` input, which is what decides (the tensorrtllm backend ignores it too); the generate
-# endpoint makes a body's "id" the request id and also passes it on as a parameter (http_server.cc, 2.49+).
-_NOT_INPUTS = frozenset({"Streaming", "id"})
+# endpoint makes a body's "id" the request id and also passes it on as a parameter (http_server.cc, 2.49+); the
+# relay (bls.relay) says where a relayed request's responses go (it refuses those names from clients).
+_NOT_INPUTS = frozenset({"Streaming", "id", STREAM_PARAMETER, SOCKET_PARAMETER})
 
 
 def check_shipped_files(version_dir: Path, model_name: str) -> None:
@@ -70,19 +74,13 @@ def check_shipped_files(version_dir: Path, model_name: str) -> None:
     pb_utils.Logger.log_info(f"{model_name}: {verify_model_files(version_dir)}")
 
 
-def check_no_parameters(raw: str | None) -> None:
+def check_no_parameters(parameters: Mapping[str, Any]) -> None:
     """Refuse request parameters: these models take inputs only.
 
     Triton's `generate` endpoint turns every JSON field that is not an input of the model into a request
     parameter (and an ensemble forwards them to its steps), so a misspelt or unsupported field would
     otherwise be dropped without a word: `{"seed": 1}` sent to a model without a `seed` input.
     """
-    if not raw:
-        return
-    try:
-        parameters = json.loads(raw)
-    except json.JSONDecodeError:
-        return
     for name in parameters:
         if not name.startswith(_TRITON_PARAMETERS) and name not in _NOT_INPUTS:
             raise InvalidRequest(name, "is not an input of this model (Triton's generate endpoint passes fields "
@@ -142,20 +140,33 @@ def make_response(outputs: Mapping[str, np.ndarray]) -> Any:
 
 def error_response(error: BaseException, model_name: str) -> Any:
     """A client-facing error: the field and the problem, never a traceback (that goes to the log)."""
+    code, message = error_status(error, model_name)
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def error_status(error: BaseException, model_name: str) -> tuple[int, str]:
+    """The Triton error code and the message a client gets for `error` (unexpected ones are logged whole)."""
     if isinstance(error, InvalidRequest):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), pb_utils.TritonError.INVALID_ARG))
+        return pb_utils.TritonError.INVALID_ARG, str(error)
     if isinstance(error, Unavailable):
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(f"{model_name}: {error}",
-                                                                    pb_utils.TritonError.UNAVAILABLE))
+        return pb_utils.TritonError.UNAVAILABLE, f"{model_name}: {error}"
     if isinstance(error, ModelStepError):
         code = {"client": pb_utils.TritonError.INVALID_ARG, "unavailable": pb_utils.TritonError.UNAVAILABLE}.get(
             error.kind, pb_utils.TritonError.INTERNAL)
-        return pb_utils.InferenceResponse(error=pb_utils.TritonError(str(error), code))
-    # From the exception itself: error_response is also called outside the `except` that caught it.
+        return code, str(error)
+    # From the exception itself: error_status is also called outside the `except` that caught it.
     details = "".join(traceback.format_exception(error))
     pb_utils.Logger.log_error(f"{model_name}: unexpected error\n{details}")
-    message = f"{model_name}: internal error ({type(error).__name__}: {error}); see the server log"
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, pb_utils.TritonError.INTERNAL))
+    return pb_utils.TritonError.INTERNAL, f"{model_name}: internal error ({type(error).__name__}: {error}); see the server log"
+
+
+def request_parameters(request: Any) -> dict[str, Any]:
+    """The request's parameters as a dict (caller holds PB_LOCK)."""
+    raw = request.parameters()
+    try:
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
+        return {}
 
 
 def output_tensor(response: Any, name: str) -> np.ndarray | None:
@@ -259,6 +270,44 @@ class SafeSender:
             flags = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0
             self._closed = final
             self._sender.send(build_response(), flags=flags)
+
+
+class RelayedSender(SafeSender):
+    """The sender of a request that came through the relay (bls.relay): its responses go to the relay as frames,
+    without PB_LOCK or a round trip to tritonserver; Triton hears from this process only that the child request
+    is complete, after the final frame. Cancellation is asked of the child request, which the relay cancels when
+    its client goes."""
+
+    def __init__(self, request: Any, model_name: str, relayed: RelayedRequest, connection: RelayConnection):
+        super().__init__(request, model_name)
+        self._stream = relayed.stream
+        self._connection = connection
+        self._ending = threading.Lock()  # _closed is set once, before the final frame
+
+    def build(self, outputs: Mapping[str, np.ndarray]) -> bytes:
+        """The outputs encoded (the relay drops those the client did not ask for)."""
+        return encode_outputs(outputs)
+
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
+        self.send_built(self.build(outputs), final)
+
+    def send_built(self, response: bytes, final: bool = False) -> None:
+        self._write(response_frame(self._stream, response, final), final)
+
+    def send_error(self, error: BaseException) -> None:
+        self._write(error_frame(self._stream, *error_status(error, self._model_name)), final=True)
+
+    def _write(self, frame: bytes, final: bool) -> None:
+        with self._ending:
+            if self._closed:
+                return
+            self._closed = final
+        try:
+            self._connection.write(frame)
+        finally:
+            if final:  # whatever became of the frame: Triton must see the child end (the relay then ends the stream)
+                with PB_LOCK:
+                    self._sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 
 
 class Metrics:

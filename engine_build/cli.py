@@ -94,10 +94,10 @@ def cmd_build(args) -> None:
 
 def bls_settings(args) -> dict:
     """The BLS's settings from the command line: --bls-instances if given (else RepositorySettings' host-sized
-    default) and --stream-interval."""
+    default), --stream-interval and --relay."""
     if args.stream_interval < 1:
         raise SystemExit(f"--stream-interval must be at least 1 (got {args.stream_interval})")
-    settings = {"stream_interval": args.stream_interval}
+    settings = {"stream_interval": args.stream_interval, "relay": args.relay}
     if args.bls_instances is None:
         return settings
     if args.bls_instances < 1:
@@ -283,6 +283,9 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")
+        p.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
+                       help="tensorrt_llm_bls's responses sent by a C++ relay (relay/relay.cc, compiled here; decoupled "
+                            "repositories only): auto (default) when a C++ compiler is here, on (fail without), off")
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)

@@ -13,6 +13,8 @@ import importlib.metadata
 import json
 import os
 import shutil
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -34,6 +36,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "tokenizer.model")
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
+BLS_MODEL = "tensorrt_llm_bls"
+BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay
+RELAY_SOURCE = PROJECT_ROOT / "relay" / "relay.cc"
+RELAY_LIBRARY = "libtriton_llama3_relay.so"  # Triton finds a model's backend library in its version folder
 
 EngineKind = Literal["embedded", "trtllm"]
 
@@ -88,6 +94,9 @@ class RepositorySettings:
     # serves clients that use unary RPCs (no streaming), e.g. inflight_batcher_llm_client.py without
     # --streaming and e2e_grpc_speculative_decoding_client.py.
     decoupled: bool = True
+    # The C++ relay in front of the Python BLS (relay/relay.cc), decoupled repositories only. auto: when a C++
+    # compiler is here (the repository then needs none where it is served); on: fail without one; off: never.
+    relay: Literal["auto", "on", "off"] = "auto"
     synthetic: bool = False
     # Embedded engine: merge streamed tokens that wait for sending into one response (never on a GPU).
     merge_streamed_tokens: bool = False
@@ -147,7 +156,10 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "triton_max_batch_size": settings.triton_max_batch_size,
         "tensorrt_llm_model_name": TARGET_MODEL,
     })
-    _write_model(out, "tensorrt_llm_bls", tokenizer=settings.tokenizer_dir, values={
+    relayed = _use_relay(settings)
+    _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_PYTHON_MODEL,
+                 contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
+        "model_name": BLS_PYTHON_MODEL if relayed else BLS_MODEL,
         "triton_max_batch_size": settings.triton_max_batch_size,
         "bls_instance_count": settings.bls_instance_count,
         "tokenizer_dir": TOKENIZER_DIR,
@@ -163,12 +175,48 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "engine_http_url": settings.bls_engine_http_url,
         "engine_grpc_url": settings.bls_engine_grpc_url,
     })
+    if relayed:
+        relay = _write_model(out, BLS_MODEL, vendored=(), values={
+            "triton_max_batch_size": settings.triton_max_batch_size,
+            "python_model_name": BLS_PYTHON_MODEL,
+        })
+        compile_relay(relay / "1" / RELAY_LIBRARY)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings)
 
     _write_manifest(out, settings)
     return out
+
+
+def _use_relay(settings: RepositorySettings) -> bool:
+    if settings.relay == "off" or not settings.decoupled:
+        return False
+    if shutil.which(_compiler()):
+        return True
+    if settings.relay == "on":
+        raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
+                              f"{RELAY_SOURCE.relative_to(PROJECT_ROOT)}; install one (apt-get install g++) or "
+                              "build with RELAY=off")
+    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL} is built without the relay, so every "
+          "streamed response pays the Python backend's send (README, Benchmarks); install g++ or set CXX",
+          file=sys.stderr, flush=True)
+    return False
+
+
+def _compiler() -> str:
+    return os.environ.get("CXX") or "g++"
+
+
+def compile_relay(library: Path) -> None:
+    """relay/relay.cc into `library`: a Triton backend needs no Triton headers or libraries to build (it declares
+    the C API it calls; tritonserver provides the symbols when it loads the library)."""
+    command = [_compiler(), "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(library), str(RELAY_SOURCE),
+               "-lpthread"]
+    print(f"[repo] compiling the relay: {' '.join(command)}", flush=True)
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise RepositoryError(f"compiling {RELAY_SOURCE.name} failed (exit {result.returncode}):\n{result.stderr}")
 
 
 def _write_manifest(out: Path, settings: RepositorySettings) -> None:
@@ -198,7 +246,7 @@ def _prepare_output_dir(out: Path) -> None:
 
 def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt",
                  source_name: str | None = None, vendored: tuple[str, ...] = ("bls",),
-                 tokenizer: Path | None = None) -> Path:
+                 tokenizer: Path | None = None, contract_name: str | None = None) -> Path:
     """A model folder: its `1/` files, the library packages it imports and its tokenizer files copied in
     beside them (so the repository serves without this checkout), and its rendered, validated config."""
     source = TEMPLATES / (source_name or name)
@@ -209,7 +257,7 @@ def _write_model(out: Path, name: str, values: dict, template_name: str = "confi
         shutil.copytree(PROJECT_ROOT / package, target / "1" / package, ignore=ignore)
     if tokenizer is not None:
         _copy_tokenizer(tokenizer, target / "1" / TOKENIZER_DIR)
-    config = render_model_config(source / template_name, values, contract_name=source_name or name)
+    config = render_model_config(source / template_name, values, contract_name=contract_name or source_name or name)
     (target / "config.pbtxt").write_text(config)
     return target
 

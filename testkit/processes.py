@@ -3,9 +3,13 @@ model instance (what the soak's memory checks, the fault tests and the benchmark
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import psutil
 
 STUB_NAME = "triton_python_backend_stub"
+# The relay's thread in tritonserver (relay/relay.cc kThreadName): its CPU is the relayed BLS's sending.
+RELAY_THREAD = "llama3_relay"
 # Python backend stub argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir
 # ipc_handle instance_name ...
 _STUB_INSTANCE_ARG = 8
@@ -45,7 +49,8 @@ def stub_process(server_pid: int, instance: str) -> psutil.Process:
 
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
-    """CPU seconds so far (user + system) of the server and of each stub."""
+    """CPU seconds so far (user + system) of the server, of each stub, and of the relay's thread in the server
+    (under RELAY_THREAD, where there is one; the server's figure includes it)."""
     seconds = {}
     for name, process in triton_processes(server_pid).items():
         try:
@@ -53,6 +58,13 @@ def cpu_seconds(server_pid: int) -> dict[str, float]:
         except psutil.Error:
             continue
         seconds[name] = times.user + times.system
+    try:
+        for thread in psutil.Process(server_pid).threads():
+            comm = Path(f"/proc/{server_pid}/task/{thread.id}/comm")
+            if comm.is_file() and comm.read_text().strip() == RELAY_THREAD:
+                seconds[RELAY_THREAD] = thread.user_time + thread.system_time
+    except (psutil.Error, OSError):
+        pass
     return seconds
 
 

@@ -32,10 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from bls.engine_streams import EngineStreams
+from engine_build.repository import RELAY_SOURCE
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
-from testkit.processes import cpu_seconds
+from testkit.processes import RELAY_THREAD, cpu_seconds
 from testkit.stats import percentile
 
 STREAM_TOKENS = 256
@@ -75,6 +76,12 @@ def _responses_per_token(run: LoadRun) -> float:
 def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
     seconds = sum(s for name, s in run.server_cpu_s.items() if name.startswith(prefix))
     return seconds / (STREAM_TOKENS * len(run.results)) * 1e6
+
+
+def _bls_cpu_us_per_token(run: LoadRun) -> float:
+    """The BLS's CPU per token: its Python processes (tensorrt_llm_bls_python_* behind the relay) and the relay's
+    thread in tritonserver, which sends their responses."""
+    return _cpu_us_per_token(run, "tensorrt_llm_bls") + _cpu_us_per_token(run, RELAY_THREAD)
 
 
 def _receive_us_per_token(engine: EngineStreams, streams: int, prompt_ids: list[int]) -> float:
@@ -158,8 +165,9 @@ def _bench_models_repo(ctx: BenchContext) -> Path:
     if shutil.which("g++"):
         version = repo / "send_cpp" / "1"
         version.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["g++", "-O2", "-shared", "-fPIC", "-o", str(version / "libtriton_send_cpp.so"),
-                        str(BENCH_MODELS / "send_cpp" / "send_cpp.cc")], check=True)
+        subprocess.run(["g++", "-O2", "-shared", "-fPIC", f"-I{RELAY_SOURCE.parent}", "-o",
+                        str(version / "libtriton_send_cpp.so"), str(BENCH_MODELS / "send_cpp" / "send_cpp.cc")],
+                       check=True)
     else:
         shutil.rmtree(repo / "send_cpp")
     return repo
@@ -202,8 +210,10 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                                       ("gRPC", EngineStreams(server.grpc_url))):
                 rows.append(Row(f"{clients:>3} streams: CPU per token, receiving engine streams over {transport} alone",
                                 _receive_us_per_token(engine, clients, prompt_ids), "µs"))
-        rows.append(Row(f"{clients:>3} streams: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"),
+        rows.append(Row(f"{clients:>3} streams: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
+        rows.append(Row(f"{clients:>3} streams: CPU per token, of it the relay thread", _cpu_us_per_token(bls, RELAY_THREAD),
+                        "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, tritonserver (BLS run)",
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, engine (BLS run)",
@@ -229,7 +239,7 @@ def _interval_rows(ctx: BenchContext) -> list[Row]:
         label = f"{clients:>3} streams, stream_interval {STREAM_INTERVAL}"
         rows.append(Row(f"{label}: BLS / floor", _tokens_per_s(bls) / _tokens_per_s(runs["tensorrt_llm"]), "x"))
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
-        rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs"))
+        rows.append(Row(f"{label}: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls), "µs"))
     return rows
 
 
@@ -252,7 +262,7 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
         # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token
         # here is the cost of one response per token, with no merging to lower it (the throughput runs merge).
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
-        rows.append(Row(f"{label}: CPU per token, BLS processes", _cpu_us_per_token(bls, "tensorrt_llm_bls"), "µs",
+        rows.append(Row(f"{label}: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls), "µs",
                         BLS_CPU_TARGET))
         rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run)", _cpu_us_per_token(bls, "tritonserver"),
                         "µs"))

@@ -170,6 +170,25 @@ def test_killed_engine_stub(paced_repo, tmp_path):
         assert still_serves(server)
 
 
+def test_killed_bls_stub_behind_the_relay_ends_its_streams(paced_repo, tmp_path):
+    """kill -9 of the Python BLS's stub while the relay streams its responses: Triton never tells the child request
+    (as above), but the relay sees the stub's connection end and ends the stream with an error; the server stays."""
+    if not (paced_repo / "tensorrt_llm_bls_python").is_dir():
+        pytest.skip("built without the relay (no C++ compiler)")
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
+        stream = BackgroundStream(lambda: generate_stream(server.http_url, BLS, {
+            "text_input": "tell me", "max_tokens": 4000, "end_id": -1, "stream": True}, timeout=HUNG_AFTER_S))
+        wait_engine_sequences(server, 1)
+        time.sleep(0.2)  # some tokens have gone out through the relay
+        os.kill(stub_pid(server, "tensorrt_llm_bls_python"), signal.SIGKILL)
+        assert stream.join(HUNG_AFTER_S + 10)
+        assert isinstance(stream.result, HttpError), stream.result
+        assert "tensorrt_llm_bls_python's process stopped sending this stream" in stream.result.message
+        assert server.is_alive() and http_status(server.http_url, "/v2/health/live") == 200
+        assert "the connection from tensorrt_llm_bls_python ended with 1 streams unfinished" in (
+            tmp_path / "tritonserver.log").read_text()
+
+
 # ---- (b) the engine raises mid-generation ------------------------------------------------------------------
 
 def test_engine_error_mid_generation_reaches_direct_and_ensemble_clients(server):

@@ -5,7 +5,9 @@ from pathlib import Path
 import pytest
 
 from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
-from engine_build.repository import RepositorySettings, assemble_repository, default_bls_instance_count, read_manifest
+from engine_build.repository import (
+    RepositoryError, RepositorySettings, assemble_repository, default_bls_instance_count, read_manifest,
+)
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -47,8 +49,9 @@ def test_embedded_repository_renders_every_model(tmp_path):
     target = _fake_checkpoint(tmp_path / "target")
     draft = _fake_checkpoint(tmp_path / "draft")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft))
-    models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls"}
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft, relay="on"))
+    models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls",
+              "tensorrt_llm_bls_python"}
     assert set(read_manifest(repo)["models"]) == models
     for name in models:
         config = parse_model_config((repo / name / "config.pbtxt").read_text(), name)
@@ -56,9 +59,36 @@ def test_embedded_repository_renders_every_model(tmp_path):
     engine = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "engine")
     assert engine.backend == "python" and engine.model_transaction_policy.decoupled
     assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
-    bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
+    bls = parse_model_config((repo / "tensorrt_llm_bls_python" / "config.pbtxt").read_text(), "bls")
     assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
     assert bls.instance_group[0].count == default_bls_instance_count() == read_manifest(repo)["bls_instance_count"]
+    relay = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "relay")
+    assert relay.backend == "llama3_relay" and relay.model_transaction_policy.decoupled
+    assert relay.parameters["python_model_name"].string_value == "tensorrt_llm_bls_python"
+    assert [i.name for i in relay.input] == [i.name for i in bls.input]  # the same contract, to the tensor
+    assert [o.name for o in relay.output] == [o.name for o in bls.output]
+    assert (repo / "tensorrt_llm_bls" / "1" / "libtriton_llama3_relay.so").is_file()
+
+
+@pytest.mark.parametrize("overrides", [{"relay": "off"}, {"decoupled": False}])
+def test_without_the_relay_the_python_bls_is_tensorrt_llm_bls(tmp_path, overrides):
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
+        **overrides))
+    assert "tensorrt_llm_bls_python" not in read_manifest(repo)["models"]
+    bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
+    assert bls.name == "tensorrt_llm_bls" and bls.backend == "python"
+    assert (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+
+
+def test_relay_on_without_a_compiler_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    settings = dict(engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"),
+                    target=_fake_checkpoint(tmp_path / "t"))
+    with pytest.raises(RepositoryError, match="RELAY=on needs a C.. compiler .no-such-compiler.*RELAY=off"):
+        assemble_repository(tmp_path / "repo", RepositorySettings(**settings, relay="on"))
+    repo = assemble_repository(tmp_path / "auto", RepositorySettings(**settings, relay="auto"))  # auto: without it
+    assert parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls").backend == "python"
 
 
 def test_bls_instances_follow_the_host_cores():
@@ -122,8 +152,10 @@ def test_the_repository_is_self_contained_and_checks_its_files(tmp_path):
     from bls.artifact import ArtifactError, verify_model_files
 
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
-    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls", "tensorrt_llm"):
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
+        relay="on"))
+    assert "tensorrt_llm_bls/1/libtriton_llama3_relay.so" in read_manifest(repo)["files"]
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls_python", "tensorrt_llm"):
         version = repo / model / "1"
         assert (version / "bls" / "contract.py").is_file(), model
         assert str(tmp_path) not in (repo / model / "config.pbtxt").read_text(), model
@@ -188,8 +220,8 @@ def test_stream_interval_reaches_the_bls_config(tmp_path):
 
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        **bls_settings(Namespace(stream_interval=4, bls_instances=None))))
-    bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
+        **bls_settings(Namespace(stream_interval=4, bls_instances=None, relay="on"))))
+    bls = parse_model_config((repo / "tensorrt_llm_bls_python" / "config.pbtxt").read_text(), "bls")
     assert bls.parameters["stream_interval"].string_value == "4"
     with pytest.raises(SystemExit, match="--stream-interval must be at least 1"):
-        bls_settings(Namespace(stream_interval=0, bls_instances=None))
+        bls_settings(Namespace(stream_interval=0, bls_instances=None, relay="auto"))

@@ -2,53 +2,14 @@
 // stub_send model, from inside tritonserver (see config.pbtxt). Built by tools/bench_streaming.py with
 // `g++ -shared`; the symbols below resolve against the tritonserver that loads the library.
 //
-// Only the few declarations of Triton's C API this file calls are written out here, so that no Triton header
-// needs installing; signatures and enum values are those of tritonbackend.h / tritonserver.h at r24.10
-// (Triton 2.51, backend API 1.19).
+// The C API declarations are the relay's (relay/triton_c_api.h: no Triton header needed).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <thread>
 
-extern "C" {
-struct TRITONSERVER_Error;
-struct TRITONBACKEND_Request;
-struct TRITONBACKEND_Input;
-struct TRITONBACKEND_Output;
-struct TRITONBACKEND_Response;
-struct TRITONBACKEND_ResponseFactory;
-struct TRITONBACKEND_ModelInstance;
-
-enum TRITONSERVER_DataType { TRITONSERVER_TYPE_INT32 = 8, TRITONSERVER_TYPE_BYTES = 13 };
-enum TRITONSERVER_MemoryType { TRITONSERVER_MEMORY_CPU = 0 };
-const uint32_t TRITONSERVER_REQUEST_RELEASE_ALL = 1;
-const uint32_t TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1;
-
-const char* TRITONSERVER_ErrorMessage(TRITONSERVER_Error* error);
-void TRITONSERVER_ErrorDelete(TRITONSERVER_Error* error);
-TRITONSERVER_Error* TRITONBACKEND_RequestInput(TRITONBACKEND_Request* request, const char* name,
-                                               TRITONBACKEND_Input** input);
-TRITONSERVER_Error* TRITONBACKEND_InputBuffer(TRITONBACKEND_Input* input, const uint32_t index, const void** buffer,
-                                              uint64_t* buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
-                                              int64_t* memory_type_id);
-TRITONSERVER_Error* TRITONBACKEND_RequestRelease(TRITONBACKEND_Request* request, uint32_t release_flags);
-TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryNew(TRITONBACKEND_ResponseFactory** factory,
-                                                     TRITONBACKEND_Request* request);
-TRITONSERVER_Error* TRITONBACKEND_ResponseFactoryDelete(TRITONBACKEND_ResponseFactory* factory);
-TRITONSERVER_Error* TRITONBACKEND_ResponseFactorySendFlags(TRITONBACKEND_ResponseFactory* factory,
-                                                           const uint32_t send_flags);
-TRITONSERVER_Error* TRITONBACKEND_ResponseNewFromFactory(TRITONBACKEND_Response** response,
-                                                         TRITONBACKEND_ResponseFactory* factory);
-TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response* response, TRITONBACKEND_Output** output,
-                                                 const char* name, const TRITONSERVER_DataType datatype,
-                                                 const int64_t* shape, const uint32_t dims_count);
-TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output* output, void** buffer,
-                                               const uint64_t buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
-                                               int64_t* memory_type_id);
-TRITONSERVER_Error* TRITONBACKEND_ResponseSend(TRITONBACKEND_Response* response, const uint32_t send_flags,
-                                               TRITONSERVER_Error* error);
-}
+#include "triton_c_api.h"
 
 namespace {
 

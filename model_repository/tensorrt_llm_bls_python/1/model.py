@@ -1,4 +1,9 @@
-"""tensorrt_llm_bls: thin Triton adapter over bls.generation.generator.
+"""tensorrt_llm_bls_python: thin Triton adapter over bls.generation.generator; tensorrt_llm_bls itself when the
+repository has no relay (make repo RELAY=off, or DECOUPLED=false).
+
+With the relay (relay/relay.cc, the C++ model named tensorrt_llm_bls), requests come from it and their responses
+go back to it as frames (bls.relay.RelayedSender); requests sent to this model directly are answered through
+the stub as always.
 
 Each request is served on a worker thread of a bounded pool (bls.request_pool): one instance serves many
 requests, refuses what is beyond its capacity with UNAVAILABLE, and answers everyone when it unloads.
@@ -28,15 +33,16 @@ from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import (  # noqa: E402
     BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
 )
+from bls.relay import RelayConnections, RelayedRequest  # noqa: E402
 from bls.request_pool import RequestPool  # noqa: E402
 from bls.response_loop import ResponseLoop  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.triton_io import (  # noqa: E402
-    PB_LOCK, ChildModels, Metrics, SafeSender, check_shipped_files, model_parameters, parse_bool, parse_positive_int,
-    read_inputs,
+    PB_LOCK, ChildModels, Metrics, RelayedSender, SafeSender, check_shipped_files, model_parameters, parse_bool,
+    parse_positive_int, read_inputs, request_parameters,
 )
 
-MODEL = "tensorrt_llm_bls"
+MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the name in logs and metrics
 # How long finalize waits for running requests before ending them with an error. Triton calls finalize with
 # requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
 # unload through the repository API waits until every response sender is released.
@@ -71,6 +77,7 @@ class TritonPythonModel:
         workers = int(params.get("max_concurrent_requests", "256"))
         self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
         self.responses = ResponseLoop(threads=SENDING_THREADS)
+        self.relays = RelayConnections()
         self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
         self.generator = TextGenerator(
             self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config),
@@ -123,9 +130,16 @@ class TritonPythonModel:
     def execute(self, requests):
         arrived = time.monotonic()
         for request in requests:
-            sender = self.responses.open(SafeSender(request, MODEL), self.merge)
+            sender = self.responses.open(self._transport(request), self.merge)
             self.requests.submit(lambda r=request, s=sender: self._serve(r, s, arrived), sender.send_error)
         return None
+
+    def _transport(self, request) -> SafeSender:
+        with PB_LOCK:
+            relayed = RelayedRequest.from_parameters(request_parameters(request))
+        if relayed is None:
+            return SafeSender(request, MODEL)
+        return RelayedSender(request, MODEL, relayed, self.relays.get(relayed.socket_name))
 
     def _serve(self, request, sender, arrived):
         try:
@@ -147,6 +161,7 @@ class TritonPythonModel:
         if not self.responses.close(UNLOAD_WAIT_S):
             pb_utils.Logger.log_warn(f"{MODEL}: unloading before every response was sent")
         self.metrics.close()
+        self.relays.close()
 
 
 def _instances(model_config) -> int:

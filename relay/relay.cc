@@ -1,0 +1,723 @@
+// llama3_relay: a Triton backend (C++) that fronts a Python-backend model and sends its responses for it.
+//
+// Why: a Python-backend model pays for every response it sends a synchronous round trip between its stub
+// process and tritonserver (python_backend's ResponseSender::Send): 40-70 µs of stub CPU and about as much in
+// tritonserver, per response. TensorRT-LLM's C++ backend sends one response per generated token per stream,
+// so that cost, not the GPU, set the BLS's CPU per token (README, Benchmarks). Here the Python model keeps
+// every decision (inputs, tokenization, streaming text, finish reasons, errors) and hands each response to
+// this backend as a frame on a Unix socket, many frames to a write; this backend turns the frames into Triton
+// responses from inside tritonserver.
+//
+// How a request goes:
+// 1. The client's request (decoupled) arrives here. It is forwarded, inputs (by reference, no copy), request
+//    id and parameters, as a child request to the Python model (config parameter `python_model_name`), with
+//    two parameters of ours: kStreamParameter (this request's number) and kSocketParameter (where to connect).
+// 2. The Python model writes the request's responses as frames to that socket, the last one final (a final
+//    response or an error), then completes its child request with an empty final response. Frames of one
+//    stream arrive in order on one connection; every Python process has its own connection.
+// 3. Each frame becomes a response on the client's request; outputs the client did not ask for are dropped,
+//    as the Python backend drops them.
+// 4. A child that fails in Triton (model unloaded, stub died, queue full) ends the client's stream with its
+//    error. A child that completes without a final frame (a bug) ends it with an internal error, never a hang.
+// 5. The client's cancellation (checked every kCancellationPeriod) is passed on to the child request; the
+//    Python model sees it where it asks (request.is_cancelled()) and stops its engine request.
+//
+// Frame (little-endian), written by bls/relay_frames.py:
+//   u32 length of the rest | u64 stream | u8 kind (0 response, 1 final response, 2 error: final)
+//   kind 0, 1: u16 outputs, each: u16 name length, name, u8 datatype (TRITONSERVER_DataType), u8 dims,
+//              i64 shape[dims], u64 data length, data (BYTES elements: u32 length + bytes each, as Triton's)
+//   kind 2:    u32 code (TRITONSERVER_Error_Code), message (the rest)
+// A final response without outputs only closes the stream (the final flag alone).
+#include <fcntl.h>
+#include <poll.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "triton_c_api.h"
+
+namespace {
+
+constexpr const char* kStreamParameter = "llama3_relay_stream";
+constexpr const char* kSocketParameter = "llama3_relay_socket";
+constexpr auto kCancellationPeriod = std::chrono::milliseconds(100);
+constexpr const char* kThreadName = "llama3_relay";  // what the bench's CPU accounting looks for (testkit)
+constexpr uint32_t kMaxFrameBytes = 1u << 30;  // a frame claiming more is a broken connection, not a response
+
+void Log(TRITONSERVER_LogLevel level, const std::string& message) {
+  TRITONSERVER_Error* error = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, ("llama3_relay: " + message).c_str());
+  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+}
+
+// A failed call's message (the error released), or "" when it succeeded.
+std::string Failure(TRITONSERVER_Error* error) {
+  if (error == nullptr) return "";
+  std::string message = TRITONSERVER_ErrorMessage(error);
+  TRITONSERVER_ErrorDelete(error);
+  return message.empty() ? "unknown error" : message;
+}
+
+// For calls whose failure ends nothing more than itself.
+void LogFailure(TRITONSERVER_Error* error, const char* what) {
+  const std::string message = Failure(error);
+  if (!message.empty()) Log(TRITONSERVER_LOG_ERROR, std::string(what) + ": " + message);
+}
+
+class Relay;
+
+// One client request, from its arrival to its final response and the release of its child.
+struct Stream {
+  Relay* relay = nullptr;
+  uint64_t id = 0;
+  TRITONBACKEND_Request* request = nullptr;  // the client's: its inputs back the child's; released with it
+  TRITONBACKEND_ResponseFactory* factory = nullptr;  // null once the final response has gone
+  // Ours again once Triton has released it (the Python backend does when its execute returns), but kept until
+  // the child completes: cancelling it then still reaches the Python model, whose response factory it shares.
+  TRITONSERVER_InferenceRequest* child = nullptr;
+  bool child_released = false;
+  bool child_started = false;  // handed to Triton (only then can it be cancelled)
+  std::unordered_set<std::string> requested;         // outputs the client asked for (Triton lists all if none)
+  bool child_complete = false;  // the child's final response (or error) has come
+  bool cancel_passed_on = false;
+  int connection = -1;  // the connection its frames came on (a stream's frames all come on one)
+};
+
+// Reads an integer of type T from the frame body at `at`, advancing it; false when the body is too short.
+template <typename T>
+bool Take(const std::vector<char>& body, size_t* at, T* value) {
+  if (body.size() - *at < sizeof(T)) return false;
+  std::memcpy(value, body.data() + *at, sizeof(T));
+  *at += sizeof(T);
+  return true;
+}
+
+// One connection from a Python process: bytes read and not yet a whole frame.
+struct Connection {
+  int fd = -1;
+  std::vector<char> pending;
+};
+
+class Relay {
+ public:
+  static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, Relay** relay);
+  ~Relay();
+
+  void Execute(TRITONBACKEND_Request** requests, uint32_t count);
+
+ private:
+  Relay() = default;
+  TRITONSERVER_Error* Listen();
+  void Forward(TRITONBACKEND_Request* request);
+  std::string Start(Stream* stream);
+  static void OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
+  static void OnChildReleased(TRITONSERVER_InferenceRequest* child, const uint32_t flags, void* userp);
+
+  // With mutex_ held:
+  void SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message);
+  void SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& body, size_t at);
+  void End(Stream* stream);
+  void ReleaseIfDone(Stream* stream, std::vector<TRITONBACKEND_Request*>* to_release);
+  void Forget(Stream* stream);
+
+  // On the reader thread:
+  void Read();
+  bool Drain(Connection* connection);
+  bool Handle(const std::vector<char>& body, int connection);
+  void EndStreamsOf(int connection);
+  void EndOrphans();
+  void PassOnCancellations();
+
+  TRITONSERVER_Server* server_ = nullptr;
+  std::string model_name_;
+  std::string python_model_;
+  std::string socket_name_;  // abstract Unix socket name, without its leading NUL
+  int listen_fd_ = -1;
+  int wake_[2] = {-1, -1};  // a byte written to wake_[1] wakes the reader (child completed, or stopping)
+  std::atomic<bool> stopping_{false};
+  std::thread reader_;
+  std::vector<Connection> connections_;  // the reader's own
+  TRITONSERVER_ResponseAllocator* allocator_ = nullptr;
+
+  std::recursive_mutex mutex_;  // guards streams_ and every Stream; Triton's callbacks and the reader take it
+  std::unordered_map<uint64_t, std::unique_ptr<Stream>> streams_;
+  uint64_t next_stream_ = 1;
+};
+
+// The child's responses carry no outputs (the Python model sends them as frames): an allocation is a bug.
+TRITONSERVER_Error* RefuseAllocation(TRITONSERVER_ResponseAllocator*, const char* tensor_name, size_t,
+                                     TRITONSERVER_MemoryType, int64_t, void*, void** buffer, void** buffer_userp,
+                                     TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
+  *buffer = nullptr;
+  *buffer_userp = nullptr;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                               (std::string("llama3_relay: the Python model sent output ") + tensor_name +
+                                " through Triton; relayed requests send every output as a frame")
+                                   .c_str());
+}
+
+TRITONSERVER_Error* ReleaseNothing(TRITONSERVER_ResponseAllocator*, void*, void*, size_t, TRITONSERVER_MemoryType,
+                                   int64_t) {
+  return nullptr;
+}
+
+// The value of a string parameter in the model config's JSON, or "" (Triton writes it compactly:
+// "parameters":{"key":{"string_value":"value"}}).
+std::string ConfigParameter(const std::string& json, const std::string& key) {
+  const std::string marker = "\"" + key + "\":{\"string_value\":\"";
+  const size_t start = json.find(marker);
+  if (start == std::string::npos) return "";
+  const size_t value = start + marker.size();
+  const size_t end = json.find('"', value);
+  return end == std::string::npos ? "" : json.substr(value, end - value);
+}
+
+TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
+  std::unique_ptr<Relay> relay(new Relay());
+  const char* name = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name);
+  if (error != nullptr) return error;
+  relay->model_name_ = name;
+  error = TRITONBACKEND_ModelServer(model, &relay->server_);
+  if (error != nullptr) return error;
+  TRITONSERVER_Message* config = nullptr;
+  error = TRITONBACKEND_ModelConfig(model, 1, &config);
+  if (error != nullptr) return error;
+  const char* json = nullptr;
+  size_t json_size = 0;
+  error = TRITONSERVER_MessageSerializeToJson(config, &json, &json_size);
+  if (error == nullptr) relay->python_model_ = ConfigParameter(std::string(json, json_size), "python_model_name");
+  LogFailure(TRITONSERVER_MessageDelete(config), "model config");
+  if (error != nullptr) return error;
+  if (relay->python_model_.empty()) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                 "llama3_relay: config.pbtxt needs the parameter python_model_name (the model whose "
+                                 "responses this one sends)");
+  }
+  error = TRITONSERVER_ResponseAllocatorNew(&relay->allocator_, RefuseAllocation, ReleaseNothing, nullptr);
+  if (error != nullptr) return error;
+  error = relay->Listen();
+  if (error != nullptr) return error;
+  relay->reader_ = std::thread([r = relay.get()] {
+    auto last_check = std::chrono::steady_clock::now();
+    while (!r->stopping_) {
+      r->Read();
+      const auto now = std::chrono::steady_clock::now();
+      if (now - last_check >= kCancellationPeriod) {
+        r->PassOnCancellations();
+        last_check = now;
+      }
+    }
+  });
+  pthread_setname_np(relay->reader_.native_handle(), kThreadName);
+  Log(TRITONSERVER_LOG_INFO, relay->model_name_ + ": sends the responses of " + relay->python_model_ +
+                                 " (Python processes connect to the abstract socket @" + relay->socket_name_ + ")");
+  *out = relay.release();
+  return nullptr;
+}
+
+TRITONSERVER_Error* Relay::Listen() {
+  // Abstract (no file to clean up), and unique per server, model and load: several servers may share a host, and a
+  // reloaded model listens while the old one still finishes its streams (stream numbers restart with each).
+  static std::atomic<int> loads{0};
+  socket_name_ = "llama3_relay." + std::to_string(getpid()) + "." + model_name_ + "." + std::to_string(++loads);
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  if (socket_name_.size() + 1 > sizeof(address.sun_path)) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, "llama3_relay: model name too long for a socket");
+  }
+  std::memcpy(address.sun_path + 1, socket_name_.data(), socket_name_.size());
+  const socklen_t length = offsetof(sockaddr_un, sun_path) + 1 + socket_name_.size();
+  listen_fd_ = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (listen_fd_ < 0 || bind(listen_fd_, reinterpret_cast<sockaddr*>(&address), length) != 0 ||
+      listen(listen_fd_, 64) != 0 || pipe2(wake_, O_NONBLOCK | O_CLOEXEC) != 0) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                 ("llama3_relay: cannot listen on @" + socket_name_ + ": " + std::strerror(errno)).c_str());
+  }
+  return nullptr;
+}
+
+Relay::~Relay() {
+  stopping_ = true;
+  if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
+  if (reader_.joinable()) reader_.join();
+  for (Connection& connection : connections_) close(connection.fd);
+  for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
+    if (fd >= 0) close(fd);
+  }
+  if (allocator_ != nullptr) LogFailure(TRITONSERVER_ResponseAllocatorDelete(allocator_), "allocator");
+  // Triton finalizes a model only when no request of it is held, so no stream is left here.
+}
+
+void Relay::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
+  for (uint32_t i = 0; i < count; ++i) Forward(requests[i]);
+}
+
+void Relay::Forward(TRITONBACKEND_Request* request) {
+  auto owned = std::make_unique<Stream>();
+  Stream* stream = owned.get();
+  stream->relay = this;
+  stream->request = request;
+  const std::string factory_failure = Failure(TRITONBACKEND_ResponseFactoryNew(&stream->factory, request));
+  if (!factory_failure.empty()) {  // no way to answer: Triton fails a request released without a response
+    Log(TRITONSERVER_LOG_ERROR, "cannot answer a request: " + factory_failure);
+    LogFailure(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+    return;
+  }
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    stream->id = next_stream_++;
+    streams_.emplace(stream->id, std::move(owned));
+  }
+  const std::string failure = Start(stream);
+  if (failure.empty()) return;
+  std::vector<TRITONBACKEND_Request*> to_release;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    stream->child_started = false;
+    if (stream->child != nullptr) {  // Triton did not take it: ours to delete
+      LogFailure(TRITONSERVER_InferenceRequestDelete(stream->child), "child request");
+      stream->child = nullptr;
+    }
+    const bool invalid = failure.rfind("INVALID:", 0) == 0;
+    SendError(stream, invalid ? TRITONSERVER_ERROR_INVALID_ARG : TRITONSERVER_ERROR_UNAVAILABLE,
+              invalid ? failure.substr(8) : model_name_ + ": " + failure);
+    stream->child_complete = true;
+    ReleaseIfDone(stream, &to_release);
+  }
+  for (TRITONBACKEND_Request* done : to_release) {
+    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+  }
+}
+
+// Builds the child request and hands it to Triton; the reason when it could not ("INVALID:" + the message
+// for the client's own mistakes).
+std::string Relay::Start(Stream* stream) {
+  TRITONBACKEND_Request* request = stream->request;
+  uint32_t count = 0;
+  std::string failure = Failure(TRITONBACKEND_RequestOutputCount(request, &count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    const char* name = nullptr;
+    failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
+    if (failure.empty()) stream->requested.insert(name);
+  }
+  if (failure.empty()) {
+    failure = Failure(TRITONSERVER_InferenceRequestNew(&stream->child, server_, python_model_.c_str(), -1));
+  }
+  if (!failure.empty()) return failure;
+  TRITONSERVER_InferenceRequest* child = stream->child;
+  const char* id = nullptr;
+  failure = Failure(TRITONBACKEND_RequestId(request, &id));
+  if (failure.empty() && id != nullptr && id[0] != '\0') failure = Failure(TRITONSERVER_InferenceRequestSetId(child, id));
+
+  count = 0;
+  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestInputCount(request, &count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    TRITONBACKEND_Input* input = nullptr;
+    const char* name = nullptr;
+    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
+    const int64_t* shape = nullptr;
+    uint32_t dims = 0;
+    uint64_t byte_size = 0;
+    uint32_t buffers = 0;
+    failure = Failure(TRITONBACKEND_RequestInputByIndex(request, i, &input));
+    if (failure.empty()) {
+      failure = Failure(TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims, &byte_size, &buffers));
+    }
+    if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddInput(child, name, datatype, shape, dims));
+    for (uint32_t b = 0; failure.empty() && b < buffers; ++b) {
+      const void* data = nullptr;
+      uint64_t size = 0;
+      TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+      int64_t memory_type_id = 0;
+      failure = Failure(TRITONBACKEND_InputBuffer(input, b, &data, &size, &memory_type, &memory_type_id));
+      if (failure.empty()) {
+        failure = Failure(
+            TRITONSERVER_InferenceRequestAppendInputData(child, name, data, size, memory_type, memory_type_id));
+      }
+    }
+  }
+
+  count = 0;
+  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestParameterCount(request, &count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    const char* key = nullptr;
+    TRITONSERVER_ParameterType type = TRITONSERVER_PARAMETER_STRING;
+    const void* value = nullptr;
+    failure = Failure(TRITONBACKEND_RequestParameter(request, i, &key, &type, &value));
+    if (!failure.empty()) break;
+    if (std::strcmp(key, kStreamParameter) == 0 || std::strcmp(key, kSocketParameter) == 0) {
+      return std::string("INVALID:") + key + " is not an input of this model";
+    }
+    switch (type) {
+      case TRITONSERVER_PARAMETER_STRING:
+        failure = Failure(TRITONSERVER_InferenceRequestSetStringParameter(child, key, static_cast<const char*>(value)));
+        break;
+      case TRITONSERVER_PARAMETER_INT:
+        failure = Failure(TRITONSERVER_InferenceRequestSetIntParameter(child, key, *static_cast<const int64_t*>(value)));
+        break;
+      case TRITONSERVER_PARAMETER_BOOL:
+        failure = Failure(TRITONSERVER_InferenceRequestSetBoolParameter(child, key, *static_cast<const bool*>(value)));
+        break;
+      case TRITONSERVER_PARAMETER_DOUBLE:
+        failure = Failure(TRITONSERVER_InferenceRequestSetDoubleParameter(child, key, *static_cast<const double*>(value)));
+        break;
+      default:  // no frontend makes one; refused rather than dropped
+        return std::string("INVALID:") + key + ": binary request parameters are not supported";
+    }
+  }
+  if (failure.empty()) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetIntParameter(child, kStreamParameter,
+                                                                   static_cast<int64_t>(stream->id)));
+  }
+  if (failure.empty()) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetStringParameter(child, kSocketParameter, socket_name_.c_str()));
+  }
+  if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestSetReleaseCallback(child, OnChildReleased, stream));
+  if (failure.empty()) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetResponseCallback(child, allocator_, nullptr, OnChildResponse, stream));
+  }
+  if (failure.empty()) {
+    // From here Triton owns the child, and its callbacks may run before InferAsync returns.
+    {
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      stream->child_started = true;
+    }
+    failure = Failure(TRITONSERVER_ServerInferAsync(server_, child, nullptr));
+    if (failure.empty()) return "";
+    failure = python_model_ + ": " + failure;
+  }
+  return failure;
+}
+
+void Relay::OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  Stream* stream = static_cast<Stream*>(userp);
+  Relay* relay = stream->relay;
+  std::vector<TRITONBACKEND_Request*> to_release;
+  bool wake = false;
+  {
+    std::lock_guard<std::recursive_mutex> lock(relay->mutex_);
+    TRITONSERVER_Error* error = response == nullptr ? nullptr : TRITONSERVER_InferenceResponseError(response);
+    if (error != nullptr && stream->factory != nullptr) {  // owned by the response: not deleted here
+      relay->SendError(stream, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
+    }
+    if (response != nullptr) LogFailure(TRITONSERVER_InferenceResponseDelete(response), "child response");
+    if ((flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0) {
+      stream->child_complete = true;
+      // Its final frame was written before the child completed: the reader finds it or ends the stream.
+      wake = stream->factory != nullptr;
+      relay->ReleaseIfDone(stream, &to_release);
+    }
+  }
+  if (wake) (void)!write(relay->wake_[1], "c", 1);
+  for (TRITONBACKEND_Request* done : to_release) {  // the last call: the model may unload after it
+    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+  }
+}
+
+void Relay::OnChildReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
+  Stream* stream = static_cast<Stream*>(userp);
+  Relay* relay = stream->relay;
+  std::vector<TRITONBACKEND_Request*> to_release;
+  {
+    std::lock_guard<std::recursive_mutex> lock(relay->mutex_);
+    stream->child_released = true;
+    relay->ReleaseIfDone(stream, &to_release);
+  }
+  for (TRITONBACKEND_Request* done : to_release) {
+    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+  }
+}
+
+// Once the child is released and complete, it is deleted and the client's request released (the child read
+// its inputs); the stream is forgotten once its final response has gone too.
+void Relay::ReleaseIfDone(Stream* stream, std::vector<TRITONBACKEND_Request*>* to_release) {
+  if (stream->child != nullptr && stream->child_released && stream->child_complete) {
+    LogFailure(TRITONSERVER_InferenceRequestDelete(stream->child), "child request");
+    stream->child = nullptr;
+  }
+  if (stream->request != nullptr && stream->child == nullptr && stream->child_complete) {
+    to_release->push_back(stream->request);
+    stream->request = nullptr;
+  }
+  Forget(stream);
+}
+
+void Relay::Forget(Stream* stream) {
+  if (stream->request == nullptr && stream->factory == nullptr) streams_.erase(stream->id);
+}
+
+void Relay::End(Stream* stream) {
+  LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
+  stream->factory = nullptr;
+}
+
+void Relay::SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message) {
+  TRITONBACKEND_Response* response = nullptr;
+  TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
+  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
+  if (failure.empty()) failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+  if (!failure.empty()) {
+    Log(TRITONSERVER_LOG_ERROR, "cannot send the error \"" + message + "\": " + failure);
+    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+  }
+  TRITONSERVER_ErrorDelete(error);
+  End(stream);
+}
+
+// A response frame's outputs from `at` on, sent on the stream's factory (final for kind 1).
+void Relay::SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& body, size_t at) {
+  const uint32_t flags = kind == 1 ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0;
+  uint16_t outputs = 0;
+  if (!Take(body, &at, &outputs)) {
+    SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": a malformed response frame");
+    return;
+  }
+  if (outputs == 0) {
+    if (flags != 0) {
+      LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, flags), "final");
+      End(stream);
+    }
+    return;
+  }
+  TRITONBACKEND_Response* response = nullptr;
+  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
+  if (!failure.empty()) {
+    SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
+    return;
+  }
+  std::string name;
+  int64_t shape[16];
+  for (uint16_t i = 0; failure.empty() && i < outputs; ++i) {
+    uint16_t name_length = 0;
+    uint8_t datatype = 0;
+    uint8_t dims = 0;
+    uint64_t data_length = 0;
+    bool whole = Take(body, &at, &name_length) && body.size() - at >= name_length;
+    if (whole) {
+      name.assign(body.data() + at, name_length);
+      at += name_length;
+      whole = Take(body, &at, &datatype) && Take(body, &at, &dims) && dims <= 16;
+    }
+    for (uint8_t d = 0; whole && d < dims; ++d) whole = Take(body, &at, &shape[d]);
+    whole = whole && Take(body, &at, &data_length) && body.size() - at >= data_length &&
+            datatype > TRITONSERVER_TYPE_INVALID && datatype <= TRITONSERVER_TYPE_BF16;
+    if (!whole) {
+      failure = "a malformed response frame";
+      break;
+    }
+    if (stream->requested.count(name) != 0) {
+      TRITONBACKEND_Output* output = nullptr;
+      void* buffer = nullptr;
+      TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+      int64_t memory_type_id = 0;
+      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, name.c_str(),
+                                                     static_cast<TRITONSERVER_DataType>(datatype), shape, dims));
+      if (failure.empty() && data_length > 0) {
+        failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, data_length, &memory_type, &memory_type_id));
+        if (failure.empty() && memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
+          failure = "output " + name + " was given memory outside the CPU";
+        }
+        if (failure.empty()) std::memcpy(buffer, body.data() + at, data_length);
+      }
+    }
+    at += data_length;
+  }
+  TRITONSERVER_Error* error =
+      failure.empty() ? nullptr : TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, (model_name_ + ": " + failure).c_str());
+  const uint32_t send_flags = error != nullptr ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : flags;
+  const std::string send_failure = Failure(TRITONBACKEND_ResponseSend(response, send_flags, error));
+  if (error != nullptr) TRITONSERVER_ErrorDelete(error);
+  if (!send_failure.empty()) {
+    // The client has most likely gone; the stream still ends once, with the final flag.
+    Log(TRITONSERVER_LOG_VERBOSE, "a response could not be sent: " + send_failure);
+    if (send_flags == 0) return;
+    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+  }
+  if (send_flags != 0) End(stream);
+}
+
+// One wait for the sockets (at most kCancellationPeriod), then everything that can be read.
+void Relay::Read() {
+  std::vector<pollfd> fds;
+  fds.push_back({wake_[0], POLLIN, 0});
+  fds.push_back({listen_fd_, POLLIN, 0});
+  for (const Connection& connection : connections_) fds.push_back({connection.fd, POLLIN, 0});
+  const int ready = poll(fds.data(), fds.size(), static_cast<int>(kCancellationPeriod.count()));
+  if (ready <= 0) return;
+  bool woken = false;
+  if ((fds[0].revents & POLLIN) != 0) {
+    char drained[64];
+    while (read(wake_[0], drained, sizeof(drained)) > 0) {
+    }
+    woken = true;
+  }
+  if ((fds[1].revents & POLLIN) != 0 || woken) {  // woken: a connection may have come after the poll looked
+    int fd;
+    while ((fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
+      connections_.push_back({fd, {}});
+    }
+  }
+  // Every connection is read to its end when woken: a completed child's final frame is in one of them.
+  for (size_t i = 0; i < connections_.size();) {
+    const bool readable = i + 2 < fds.size() && fds[i + 2].revents != 0;
+    if ((readable || woken) && !Drain(&connections_[i])) {
+      EndStreamsOf(connections_[i].fd);
+      close(connections_[i].fd);
+      connections_.erase(connections_.begin() + i);
+      fds.erase(fds.begin() + 2 + i);
+      continue;
+    }
+    ++i;
+  }
+  if (woken) EndOrphans();
+}
+
+// Reads what the connection has and handles its whole frames; false when it is closed or broken.
+bool Relay::Drain(Connection* connection) {
+  char chunk[65536];
+  while (true) {
+    const ssize_t got = read(connection->fd, chunk, sizeof(chunk));
+    if (got == 0) return false;  // the Python process closed it (unloaded or died: Triton fails its children)
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;
+    }
+    connection->pending.insert(connection->pending.end(), chunk, chunk + got);
+    size_t at = 0;
+    std::vector<char> body;
+    while (connection->pending.size() - at >= 4) {
+      uint32_t length = 0;
+      std::memcpy(&length, connection->pending.data() + at, 4);
+      if (length > kMaxFrameBytes) {
+        Log(TRITONSERVER_LOG_ERROR, "a frame of " + std::to_string(length) + " bytes: closing the connection");
+        return false;
+      }
+      if (connection->pending.size() - at - 4 < length) break;
+      body.assign(connection->pending.begin() + at + 4, connection->pending.begin() + at + 4 + length);
+      at += 4 + length;
+      if (!Handle(body, connection->fd)) {
+        Log(TRITONSERVER_LOG_ERROR, "a malformed frame: closing the connection");
+        return false;
+      }
+    }
+    connection->pending.erase(connection->pending.begin(), connection->pending.begin() + at);
+  }
+}
+
+bool Relay::Handle(const std::vector<char>& body, int connection) {
+  size_t at = 0;
+  uint64_t id = 0;
+  uint8_t kind = 0;
+  if (!Take(body, &at, &id) || !Take(body, &at, &kind) || kind > 2) return false;
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  auto found = streams_.find(id);
+  if (found == streams_.end() || found->second->factory == nullptr) return true;  // ended (client error, failure)
+  Stream* stream = found->second.get();
+  stream->connection = connection;
+  if (kind == 2) {
+    uint32_t code = 0;
+    if (!Take(body, &at, &code)) return false;
+    SendError(stream, static_cast<TRITONSERVER_Error_Code>(code), std::string(body.data() + at, body.size() - at));
+  } else {
+    SendFrame(stream, kind, body, at);
+  }
+  Forget(stream);
+  return true;
+}
+
+// A Python process's connection ended (it exited, or a frame was cut): the streams it was sending end now with
+// an error, rather than waiting for a child that Triton may never complete (a dead stub's requests get no response
+// in Triton 2.51). Streams that had no frame yet end when their child does.
+void Relay::EndStreamsOf(int connection) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<Stream*> cut;
+  for (auto& entry : streams_) {
+    if (entry.second->connection == connection && entry.second->factory != nullptr) cut.push_back(entry.second.get());
+  }
+  if (!cut.empty()) {
+    Log(TRITONSERVER_LOG_ERROR, "the connection from " + python_model_ + " ended with " + std::to_string(cut.size()) +
+                                    " streams unfinished; they end with an error");
+  }
+  for (Stream* stream : cut) {
+    SendError(stream, TRITONSERVER_ERROR_UNAVAILABLE,
+              model_name_ + ": " + python_model_ + "'s process stopped sending this stream (it ended or failed)");
+    Forget(stream);
+  }
+}
+
+// Streams whose child completed without a final frame, now that every frame written before it was read.
+void Relay::EndOrphans() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<Stream*> orphans;
+  for (auto& entry : streams_) {
+    if (entry.second->child_complete && entry.second->factory != nullptr) orphans.push_back(entry.second.get());
+  }
+  for (Stream* stream : orphans) {
+    SendError(stream, TRITONSERVER_ERROR_INTERNAL,
+              model_name_ + ": " + python_model_ + " completed the request without a final response");
+    Forget(stream);
+  }
+}
+
+void Relay::PassOnCancellations() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& entry : streams_) {
+    Stream* stream = entry.second.get();
+    if (stream->cancel_passed_on || stream->factory == nullptr || !stream->child_started || stream->child_complete) {
+      continue;
+    }
+    bool cancelled = false;
+    LogFailure(TRITONBACKEND_ResponseFactoryIsCancelled(stream->factory, &cancelled), "cancellation");
+    if (cancelled) {
+      Log(TRITONSERVER_LOG_VERBOSE, "the client of stream " + std::to_string(stream->id) + " cancelled it");
+      stream->cancel_passed_on = true;
+      LogFailure(TRITONSERVER_InferenceRequestCancel(stream->child), "cancelling the child request");
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
+  Relay* relay = nullptr;
+  TRITONSERVER_Error* error = Relay::Create(model, &relay);
+  if (error != nullptr) return error;
+  return TRITONBACKEND_ModelSetState(model, relay);
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
+  void* state = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
+  delete static_cast<Relay*>(state);
+  return error;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstance* instance,
+                                                       TRITONBACKEND_Request** requests, const uint32_t count) {
+  TRITONBACKEND_Model* model = nullptr;
+  void* state = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);
+  if (error == nullptr) error = TRITONBACKEND_ModelState(model, &state);
+  if (error != nullptr) return error;  // Triton then fails every request with it
+  static_cast<Relay*>(state)->Execute(requests, count);
+  return nullptr;
+}
+
+}  // extern "C"
