@@ -48,7 +48,7 @@ def default_bls_instance_count(cpus: int | None = None) -> int:
     """One BLS instance is one Python process; its per-token Python work caps what it streams, however many
     threads serve its requests, but every process also costs CPU per token of its own (its reader's wake-ups and
     round trips to tritonserver with cold caches), more the fewer tokens it streams. On a 16-core host with 6
-    engine instances, interleaved runs of 79bb38d (README, Benchmarks): 4 instances streamed 17.8-21.1k tok/s
+    engine instances, interleaved runs of 79bb38d (before the relay; docs/benchmarks.md): 4 instances streamed 17.8-21.1k tok/s
     at 64 streams against 15.0-15.9k for 8, at 109-137 µs of BLS CPU a token against 178-208, and 207-268 µs
     against 239-381 paced like a GPU; 2 instances kept the throughput only by merging 4 tokens a response. One
     instance per 4 cores of the building host (the GPU host for ENGINE=trtllm), 1 to 8."""
