@@ -39,6 +39,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -138,6 +139,9 @@ class Relay {
   bool Handle(const std::vector<char>& body, int connection);
   void EndStreamsOf(int connection);
   void EndOrphans();
+  // Ends every unfinished stream that `matches` with the error; how many it ended.
+  size_t EndStreams(const std::function<bool(const Stream&)>& matches, TRITONSERVER_Error_Code code,
+                    const std::string& message);
   void PassOnCancellations();
 
   TRITONSERVER_Server* server_ = nullptr;
@@ -644,34 +648,34 @@ bool Relay::Handle(const std::vector<char>& body, int connection) {
 // an error, rather than waiting for a child that Triton may never complete (a dead stub's requests get no response
 // in Triton 2.51). Streams that had no frame yet end when their child does.
 void Relay::EndStreamsOf(int connection) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  std::vector<Stream*> cut;
-  for (auto& entry : streams_) {
-    if (entry.second->connection == connection && entry.second->factory != nullptr) cut.push_back(entry.second.get());
-  }
-  if (!cut.empty()) {
-    Log(TRITONSERVER_LOG_ERROR, "the connection from " + python_model_ + " ended with " + std::to_string(cut.size()) +
-                                    " streams unfinished; they end with an error");
-  }
-  for (Stream* stream : cut) {
-    SendError(stream, TRITONSERVER_ERROR_UNAVAILABLE,
-              model_name_ + ": " + python_model_ + "'s process stopped sending this stream (it ended or failed)");
-    Forget(stream);
+  const size_t ended = EndStreams([connection](const Stream& stream) { return stream.connection == connection; },
+                                  TRITONSERVER_ERROR_UNAVAILABLE,
+                                  model_name_ + ": " + python_model_ +
+                                      "'s process stopped sending this stream (it ended or failed)");
+  if (ended > 0) {
+    Log(TRITONSERVER_LOG_ERROR, "the connection from " + python_model_ + " ended with " + std::to_string(ended) +
+                                    " streams unfinished; they ended with an error");
   }
 }
 
 // Streams whose child completed without a final frame, now that every frame written before it was read.
 void Relay::EndOrphans() {
+  EndStreams([](const Stream& stream) { return stream.child_complete; }, TRITONSERVER_ERROR_INTERNAL,
+             model_name_ + ": " + python_model_ + " completed the request without a final response");
+}
+
+size_t Relay::EndStreams(const std::function<bool(const Stream&)>& matches, TRITONSERVER_Error_Code code,
+                         const std::string& message) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  std::vector<Stream*> orphans;
+  std::vector<Stream*> ending;
   for (auto& entry : streams_) {
-    if (entry.second->child_complete && entry.second->factory != nullptr) orphans.push_back(entry.second.get());
+    if (entry.second->factory != nullptr && matches(*entry.second)) ending.push_back(entry.second.get());
   }
-  for (Stream* stream : orphans) {
-    SendError(stream, TRITONSERVER_ERROR_INTERNAL,
-              model_name_ + ": " + python_model_ + " completed the request without a final response");
+  for (Stream* stream : ending) {
+    SendError(stream, code, message);
     Forget(stream);
   }
+  return ending.size();
 }
 
 void Relay::PassOnCancellations() {

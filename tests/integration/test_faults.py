@@ -185,7 +185,7 @@ def test_killed_bls_stub_behind_the_relay_ends_its_streams(paced_repo, tmp_path)
         assert isinstance(stream.result, HttpError), stream.result
         assert "tensorrt_llm_bls_python's process stopped sending this stream" in stream.result.message
         assert server.is_alive() and http_status(server.http_url, "/v2/health/live") == 200
-        assert "the connection from tensorrt_llm_bls_python ended with 1 streams unfinished" in (
+        assert "the connection from tensorrt_llm_bls_python ended with 1 streams unfinished; they ended with an error" in (
             tmp_path / "tritonserver.log").read_text()
 
 
