@@ -82,7 +82,10 @@ class Relay;
 // One client request, from its arrival to its final response and the release of its child.
 struct Stream {
   Relay* relay = nullptr;
+  TRITONBACKEND_ModelInstance* instance = nullptr;  // reports the request's statistics
   uint64_t id = 0;
+  uint64_t arrived_ns = 0;
+  bool failed = false;  // ended with an error (Triton's success/failure counts)
   TRITONBACKEND_Request* request = nullptr;  // the client's: its inputs back the child's; released with it
   TRITONBACKEND_ResponseFactory* factory = nullptr;  // null once the final response has gone
   // Ours again once Triton has released it (the Python backend does when its execute returns), but kept until
@@ -95,6 +98,31 @@ struct Stream {
   bool cancel_passed_on = false;
   int connection = -1;  // the connection its frames came on (a stream's frames all come on one)
 };
+
+uint64_t NowNs() {  // the clock of Triton's own statistics
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+// A client request whose child is done: its statistics go to Triton, then the request is released.
+struct Finished {
+  TRITONBACKEND_ModelInstance* instance;
+  TRITONBACKEND_Request* request;
+  bool success;
+  uint64_t arrived_ns;
+};
+
+// Called without the relay's lock, as the last thing a callback does: once the last request is released the model
+// may unload.
+void ReleaseAll(const std::vector<Finished>& finished) {
+  for (const Finished& done : finished) {
+    const uint64_t now = NowNs();
+    LogFailure(TRITONBACKEND_ModelInstanceReportStatistics(done.instance, done.request, done.success, done.arrived_ns,
+                                                           done.arrived_ns, now, now),
+               "statistics");
+    LogFailure(TRITONBACKEND_RequestRelease(done.request, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+  }
+}
 
 // Reads an integer of type T from the frame body at `at`, advancing it; false when the body is too short.
 template <typename T>
@@ -116,12 +144,12 @@ class Relay {
   static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, Relay** relay);
   ~Relay();
 
-  void Execute(TRITONBACKEND_Request** requests, uint32_t count);
+  void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count);
 
  private:
   Relay() = default;
   TRITONSERVER_Error* Listen();
-  void Forward(TRITONBACKEND_Request* request);
+  void Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request);
   std::string Start(Stream* stream);
   static void OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
   static void OnChildReleased(TRITONSERVER_InferenceRequest* child, const uint32_t flags, void* userp);
@@ -130,8 +158,7 @@ class Relay {
   void SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message);
   void SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& body, size_t at);
   void End(Stream* stream);
-  void ReleaseIfDone(Stream* stream, std::vector<TRITONBACKEND_Request*>* to_release);
-  void Forget(Stream* stream);
+  void ReleaseIfDone(Stream* stream, std::vector<Finished>* to_release);
 
   // On the reader thread:
   void Read();
@@ -267,14 +294,19 @@ Relay::~Relay() {
   // Triton finalizes a model only when no request of it is held, so no stream is left here.
 }
 
-void Relay::Execute(TRITONBACKEND_Request** requests, uint32_t count) {
-  for (uint32_t i = 0; i < count; ++i) Forward(requests[i]);
+void Relay::Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) {
+  const uint64_t start = NowNs();
+  for (uint32_t i = 0; i < count; ++i) Forward(instance, requests[i]);
+  const uint64_t end = NowNs();
+  LogFailure(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, start, start, end, end), "statistics");
 }
 
-void Relay::Forward(TRITONBACKEND_Request* request) {
+void Relay::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request) {
   auto owned = std::make_unique<Stream>();
   Stream* stream = owned.get();
   stream->relay = this;
+  stream->instance = instance;
+  stream->arrived_ns = NowNs();
   stream->request = request;
   const std::string factory_failure = Failure(TRITONBACKEND_ResponseFactoryNew(&stream->factory, request));
   if (!factory_failure.empty()) {  // no way to answer: Triton fails a request released without a response
@@ -289,7 +321,7 @@ void Relay::Forward(TRITONBACKEND_Request* request) {
   }
   const std::string failure = Start(stream);
   if (failure.empty()) return;
-  std::vector<TRITONBACKEND_Request*> to_release;
+  std::vector<Finished> to_release;
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     stream->child_started = false;
@@ -303,9 +335,7 @@ void Relay::Forward(TRITONBACKEND_Request* request) {
     stream->child_complete = true;
     ReleaseIfDone(stream, &to_release);
   }
-  for (TRITONBACKEND_Request* done : to_release) {
-    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
-  }
+  ReleaseAll(to_release);
 }
 
 // Builds the child request and hands it to Triton; the reason when it could not ("INVALID:" + the message
@@ -411,7 +441,7 @@ std::string Relay::Start(Stream* stream) {
 void Relay::OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
   Stream* stream = static_cast<Stream*>(userp);
   Relay* relay = stream->relay;
-  std::vector<TRITONBACKEND_Request*> to_release;
+  std::vector<Finished> to_release;
   bool wake = false;
   {
     std::lock_guard<std::recursive_mutex> lock(relay->mutex_);
@@ -428,42 +458,36 @@ void Relay::OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint
     }
   }
   if (wake) (void)!write(relay->wake_[1], "c", 1);
-  for (TRITONBACKEND_Request* done : to_release) {  // the last call: the model may unload after it
-    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
-  }
+  ReleaseAll(to_release);
 }
 
 void Relay::OnChildReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
   Stream* stream = static_cast<Stream*>(userp);
   Relay* relay = stream->relay;
-  std::vector<TRITONBACKEND_Request*> to_release;
+  std::vector<Finished> to_release;
   {
     std::lock_guard<std::recursive_mutex> lock(relay->mutex_);
     stream->child_released = true;
     relay->ReleaseIfDone(stream, &to_release);
   }
-  for (TRITONBACKEND_Request* done : to_release) {
-    LogFailure(TRITONBACKEND_RequestRelease(done, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
-  }
+  ReleaseAll(to_release);
 }
 
-// Once the child is released and complete, it is deleted and the client's request released (the child read
-// its inputs); the stream is forgotten once its final response has gone too.
-void Relay::ReleaseIfDone(Stream* stream, std::vector<TRITONBACKEND_Request*>* to_release) {
+// Once the child is released and complete, it is deleted; once the stream's final response has gone too, the
+// client's request is released (the child read its inputs; its statistics say how the stream ended) and the
+// stream forgotten. Triton destroys a model on a thread of its own, so a release here never unloads under us.
+void Relay::ReleaseIfDone(Stream* stream, std::vector<Finished>* to_release) {
   if (stream->child != nullptr && stream->child_released && stream->child_complete) {
     LogFailure(TRITONSERVER_InferenceRequestDelete(stream->child), "child request");
     stream->child = nullptr;
   }
-  if (stream->request != nullptr && stream->child == nullptr && stream->child_complete) {
-    to_release->push_back(stream->request);
+  if (stream->request != nullptr && stream->child == nullptr && stream->child_complete && stream->factory == nullptr) {
+    to_release->push_back({stream->instance, stream->request, !stream->failed, stream->arrived_ns});
     stream->request = nullptr;
   }
-  Forget(stream);
-}
-
-void Relay::Forget(Stream* stream) {
   if (stream->request == nullptr && stream->factory == nullptr) streams_.erase(stream->id);
 }
+
 
 void Relay::End(Stream* stream) {
   LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
@@ -471,6 +495,7 @@ void Relay::End(Stream* stream) {
 }
 
 void Relay::SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message) {
+  stream->failed = true;
   TRITONBACKEND_Response* response = nullptr;
   TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
   std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
@@ -628,19 +653,23 @@ bool Relay::Handle(const std::vector<char>& body, int connection) {
   uint64_t id = 0;
   uint8_t kind = 0;
   if (!Take(body, &at, &id) || !Take(body, &at, &kind) || kind > 2) return false;
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
-  auto found = streams_.find(id);
-  if (found == streams_.end() || found->second->factory == nullptr) return true;  // ended (client error, failure)
-  Stream* stream = found->second.get();
-  stream->connection = connection;
-  if (kind == 2) {
-    uint32_t code = 0;
-    if (!Take(body, &at, &code)) return false;
-    SendError(stream, static_cast<TRITONSERVER_Error_Code>(code), std::string(body.data() + at, body.size() - at));
-  } else {
-    SendFrame(stream, kind, body, at);
+  std::vector<Finished> to_release;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    auto found = streams_.find(id);
+    if (found == streams_.end() || found->second->factory == nullptr) return true;  // ended (client error, failure)
+    Stream* stream = found->second.get();
+    stream->connection = connection;
+    if (kind == 2) {
+      uint32_t code = 0;
+      if (!Take(body, &at, &code)) return false;
+      SendError(stream, static_cast<TRITONSERVER_Error_Code>(code), std::string(body.data() + at, body.size() - at));
+    } else {
+      SendFrame(stream, kind, body, at);
+    }
+    ReleaseIfDone(stream, &to_release);
   }
-  Forget(stream);
+  ReleaseAll(to_release);
   return true;
 }
 
@@ -666,15 +695,19 @@ void Relay::EndOrphans() {
 
 size_t Relay::EndStreams(const std::function<bool(const Stream&)>& matches, TRITONSERVER_Error_Code code,
                          const std::string& message) {
-  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  std::vector<Finished> to_release;
   std::vector<Stream*> ending;
-  for (auto& entry : streams_) {
-    if (entry.second->factory != nullptr && matches(*entry.second)) ending.push_back(entry.second.get());
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto& entry : streams_) {
+      if (entry.second->factory != nullptr && matches(*entry.second)) ending.push_back(entry.second.get());
+    }
+    for (Stream* stream : ending) {
+      SendError(stream, code, message);
+      ReleaseIfDone(stream, &to_release);
+    }
   }
-  for (Stream* stream : ending) {
-    SendError(stream, code, message);
-    Forget(stream);
-  }
+  ReleaseAll(to_release);
   return ending.size();
 }
 
@@ -720,7 +753,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);
   if (error == nullptr) error = TRITONBACKEND_ModelState(model, &state);
   if (error != nullptr) return error;  // Triton then fails every request with it
-  static_cast<Relay*>(state)->Execute(requests, count);
+  static_cast<Relay*>(state)->Execute(instance, requests, count);
   return nullptr;
 }
 

@@ -164,6 +164,17 @@ TRITONSERVER_Error* TRITONBACKEND_ResponseOutput(TRITONBACKEND_Response* respons
 TRITONSERVER_Error* TRITONBACKEND_OutputBuffer(TRITONBACKEND_Output* output, void** buffer,
                                                const uint64_t buffer_byte_size, TRITONSERVER_MemoryType* memory_type,
                                                int64_t* memory_type_id);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportStatistics(TRITONBACKEND_ModelInstance* instance,
+                                                              TRITONBACKEND_Request* request, const bool success,
+                                                              const uint64_t exec_start_ns,
+                                                              const uint64_t compute_start_ns,
+                                                              const uint64_t compute_end_ns, const uint64_t exec_end_ns);
+TRITONSERVER_Error* TRITONBACKEND_ModelInstanceReportBatchStatistics(TRITONBACKEND_ModelInstance* instance,
+                                                                   const uint64_t batch_size,
+                                                                   const uint64_t exec_start_ns,
+                                                                   const uint64_t compute_start_ns,
+                                                                   const uint64_t compute_end_ns,
+                                                                   const uint64_t exec_end_ns);
 TRITONSERVER_Error* TRITONBACKEND_ResponseSend(TRITONBACKEND_Response* response, const uint32_t send_flags,
                                                TRITONSERVER_Error* error);
 }

@@ -27,3 +27,10 @@ def metric_value(metrics_url: str, name: str, model: str) -> float:
     if model not in values:
         raise KeyError(f"metric {name} has no sample for model {model!r}")
     return values[model]
+
+
+def metric_sum(metrics_url: str, name: str, model: str) -> float:
+    """The sum of the samples named `name` for `model` over their other labels (Triton's
+    nv_inference_request_failure has one sample per `reason`)."""
+    return sum(sample.value for family in text_string_to_metric_families(scrape(metrics_url))
+               for sample in family.samples if sample.name == name and sample.labels.get("model") == model)

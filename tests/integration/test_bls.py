@@ -16,7 +16,7 @@ import pytest
 
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
-from testkit.metrics import metric_value
+from testkit.metrics import metric_sum, metric_value
 from tests.integration.test_text import strings
 
 BLS = "tensorrt_llm_bls"
@@ -197,3 +197,20 @@ def test_bls_metrics_are_exported(endpoint):
     text = endpoint.metrics_text()
     assert "llm_bls_time_to_first_token_seconds_count" in text
     assert _engine_metric(endpoint, "llm_bls_output_tokens_total", BLS) >= 3
+
+
+def test_triton_counts_the_bls_requests_it_serves(endpoint):
+    """Triton's per-model statistics (nv_inference_request_success / _failure, the counters operators watch) count
+    tensorrt_llm_bls's requests, with the relay in front or not."""
+    def counts():
+        return (metric_value(endpoint.metrics, "nv_inference_request_success_total", BLS),
+                metric_sum(endpoint.metrics, "nv_inference_request_failure_total", BLS))  # one sample per reason
+
+    success, failure = counts()
+    generate_stream(endpoint.http, BLS, {"text_input": "count me", "max_tokens": 3, "stream": True})
+    with pytest.raises(HttpError, match="max_tokens"):
+        generate(endpoint.http, BLS, {"text_input": "count me", "max_tokens": 0})
+    deadline = time.monotonic() + 5
+    while counts() != (success + 1, failure + 1):
+        assert time.monotonic() < deadline, f"{counts()} after one success and one failure from {(success, failure)}"
+        time.sleep(0.1)
