@@ -275,14 +275,27 @@ class SafeSender:
 class RelayedSender(SafeSender):
     """The sender of a request that came through the relay (bls.relay): its responses go to the relay as frames,
     without PB_LOCK or a round trip to tritonserver; Triton hears from this process only that the child request
-    is complete, after the final frame. Cancellation is asked of the child request, which the relay cancels when
-    its client goes."""
+    is complete, after the final frame. Cancellation is not asked of Triton either: the relay tells the connection
+    that claimed the stream."""
 
     def __init__(self, request: Any, model_name: str, relayed: RelayedRequest, connection: RelayConnection):
         super().__init__(request, model_name)
         self._stream = relayed.stream
         self._connection = connection
         self._ending = threading.Lock()  # _closed is set once, before the final frame
+        try:
+            connection.claim(self._stream, self._on_cancelled)
+        except OSError as error:  # nothing this request sends can reach its client: it stops at its first check
+            connection.release(self._stream)
+            log.warning("%s: the relay cannot be reached (%s); request %s stops", model_name, error, self._stream)
+            self._cancelled = True
+
+    def _on_cancelled(self) -> None:
+        self._cancelled = True
+
+    def is_cancelled(self, wait: bool = False) -> bool:
+        """What the relay said (no round trip to Triton; `wait` does not matter)."""
+        return self._closed or self._cancelled
 
     def build(self, outputs: Mapping[str, np.ndarray]) -> bytes:
         """The outputs encoded (the relay drops those the client did not ask for)."""
@@ -303,9 +316,10 @@ class RelayedSender(SafeSender):
                 return
             self._closed = final
         try:
-            self._connection.write(frame)
+            self._connection.write(frame, now=final)  # the final frame goes before the child completes
         finally:
             if final:  # whatever became of the frame: Triton must see the child end (the relay then ends the stream)
+                self._connection.release(self._stream)
                 with PB_LOCK:
                     self._sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 

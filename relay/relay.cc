@@ -19,14 +19,21 @@
 //    as the Python backend drops them.
 // 4. A child that fails in Triton (model unloaded, stub died, queue full) ends the client's stream with its
 //    error. A child that completes without a final frame (a bug) ends it with an internal error, never a hang.
-// 5. The client's cancellation (checked every kCancellationPeriod) is passed on to the child request; the
-//    Python model sees it where it asks (request.is_cancelled()) and stops its engine request.
+// 5. The client's cancellation (checked every kCancellationPeriod) is passed on to the child request, and told
+//    to the Python process that claimed the stream (a "cancelled" frame back on its connection), which stops its
+//    engine request. Telling it saves the Python model a round trip to tritonserver per ask
+//    (request.is_cancelled(), which a stream would otherwise pay every 100 ms: a tenth of its per-token CPU when a
+//    token comes every 40 ms).
 //
-// Frame (little-endian), written by bls/relay_frames.py:
-//   u32 length of the rest | u64 stream | u8 kind (0 response, 1 final response, 2 error: final)
+// Frame (little-endian), the Python half is bls/relay.py:
+//   u32 length of the rest | u64 stream | u8 kind
+//   Python -> relay: 0 response, 1 final response, 2 error (final), 3 claim (this connection sends the stream;
+//                    written before any of its other frames)
+//   relay -> Python: 4 cancelled (the stream's client cancelled it; sent once, on the claiming connection)
 //   kind 0, 1: u16 outputs, each: u16 name length, name, u8 datatype (TRITONSERVER_DataType), u8 dims,
 //              i64 shape[dims], u64 data length, data (BYTES elements: u32 length + bytes each, as Triton's)
 //   kind 2:    u32 code (TRITONSERVER_Error_Code), message (the rest)
+//   kind 3, 4: nothing more
 // A final response without outputs only closes the stream (the final flag alone).
 #include <fcntl.h>
 #include <poll.h>
@@ -57,6 +64,7 @@ constexpr const char* kSocketParameter = "llama3_relay_socket";
 constexpr auto kCancellationPeriod = std::chrono::milliseconds(100);
 constexpr const char* kThreadName = "llama3_relay";  // what the bench's CPU accounting looks for (testkit)
 constexpr uint32_t kMaxFrameBytes = 1u << 30;  // a frame claiming more is a broken connection, not a response
+enum FrameKind : uint8_t { kResponse = 0, kFinalResponse = 1, kError = 2, kClaim = 3, kCancelled = 4 };
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message) {
   TRITONSERVER_Error* error = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, ("llama3_relay: " + message).c_str());
@@ -96,7 +104,7 @@ struct Stream {
   std::unordered_set<std::string> requested;         // outputs the client asked for (Triton lists all if none)
   bool child_complete = false;  // the child's final response (or error) has come
   bool cancel_passed_on = false;
-  int connection = -1;  // the connection its frames came on (a stream's frames all come on one)
+  int connection = -1;  // the connection that claimed it (a stream's frames all come on one)
 };
 
 uint64_t NowNs() {  // the clock of Triton's own statistics
@@ -133,10 +141,11 @@ bool Take(const std::vector<char>& body, size_t* at, T* value) {
   return true;
 }
 
-// One connection from a Python process: bytes read and not yet a whole frame.
+// One connection from a Python process: bytes read and not yet a whole frame, bytes to write not yet taken.
 struct Connection {
   int fd = -1;
   std::vector<char> pending;
+  std::vector<char> outgoing;
 };
 
 class Relay {
@@ -164,6 +173,8 @@ class Relay {
   void Read();
   bool Drain(Connection* connection);
   bool Handle(const std::vector<char>& body, int connection);
+  void TellCancelled(const Stream& stream);
+  bool Flush(Connection* connection);
   void EndStreamsOf(int connection);
   void EndOrphans();
   // Ends every unfinished stream that `matches` with the error; how many it ended.
@@ -179,7 +190,7 @@ class Relay {
   int wake_[2] = {-1, -1};  // a byte written to wake_[1] wakes the reader (child completed, or stopping)
   std::atomic<bool> stopping_{false};
   std::thread reader_;
-  std::vector<Connection> connections_;  // the reader's own
+  std::vector<Connection> connections_;  // the reader's own (it alone reads and writes them)
   TRITONSERVER_ResponseAllocator* allocator_ = nullptr;
 
   std::recursive_mutex mutex_;  // guards streams_ and every Stream; Triton's callbacks and the reader take it
@@ -510,7 +521,7 @@ void Relay::SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::s
 
 // A response frame's outputs from `at` on, sent on the stream's factory (final for kind 1).
 void Relay::SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& body, size_t at) {
-  const uint32_t flags = kind == 1 ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0;
+  const uint32_t flags = kind == kFinalResponse ? TRITONSERVER_RESPONSE_COMPLETE_FINAL : 0;
   uint16_t outputs = 0;
   if (!Take(body, &at, &outputs)) {
     SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": a malformed response frame");
@@ -585,7 +596,9 @@ void Relay::Read() {
   std::vector<pollfd> fds;
   fds.push_back({wake_[0], POLLIN, 0});
   fds.push_back({listen_fd_, POLLIN, 0});
-  for (const Connection& connection : connections_) fds.push_back({connection.fd, POLLIN, 0});
+  for (const Connection& connection : connections_) {
+    fds.push_back({connection.fd, static_cast<short>(POLLIN | (connection.outgoing.empty() ? 0 : POLLOUT)), 0});
+  }
   const int ready = poll(fds.data(), fds.size(), static_cast<int>(kCancellationPeriod.count()));
   if (ready <= 0) return;
   bool woken = false;
@@ -598,13 +611,13 @@ void Relay::Read() {
   if ((fds[1].revents & POLLIN) != 0 || woken) {  // woken: a connection may have come after the poll looked
     int fd;
     while ((fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-      connections_.push_back({fd, {}});
+      connections_.push_back({fd, {}, {}});
     }
   }
   // Every connection is read to its end when woken: a completed child's final frame is in one of them.
   for (size_t i = 0; i < connections_.size();) {
     const bool readable = i + 2 < fds.size() && fds[i + 2].revents != 0;
-    if ((readable || woken) && !Drain(&connections_[i])) {
+    if (((readable || woken) && !Drain(&connections_[i])) || !Flush(&connections_[i])) {
       EndStreamsOf(connections_[i].fd);
       close(connections_[i].fd);
       connections_.erase(connections_.begin() + i);
@@ -652,7 +665,7 @@ bool Relay::Handle(const std::vector<char>& body, int connection) {
   size_t at = 0;
   uint64_t id = 0;
   uint8_t kind = 0;
-  if (!Take(body, &at, &id) || !Take(body, &at, &kind) || kind > 2) return false;
+  if (!Take(body, &at, &id) || !Take(body, &at, &kind) || kind > kClaim) return false;
   std::vector<Finished> to_release;
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -660,7 +673,11 @@ bool Relay::Handle(const std::vector<char>& body, int connection) {
     if (found == streams_.end() || found->second->factory == nullptr) return true;  // ended (client error, failure)
     Stream* stream = found->second.get();
     stream->connection = connection;
-    if (kind == 2) {
+    if (kind == kClaim) {
+      if (stream->cancel_passed_on) TellCancelled(*stream);  // cancelled before its process claimed it
+      return true;
+    }
+    if (kind == kError) {
       uint32_t code = 0;
       if (!Take(body, &at, &code)) return false;
       SendError(stream, static_cast<TRITONSERVER_Error_Code>(code), std::string(body.data() + at, body.size() - at));
@@ -724,8 +741,37 @@ void Relay::PassOnCancellations() {
       Log(TRITONSERVER_LOG_VERBOSE, "the client of stream " + std::to_string(stream->id) + " cancelled it");
       stream->cancel_passed_on = true;
       LogFailure(TRITONSERVER_InferenceRequestCancel(stream->child), "cancelling the child request");
+      if (stream->connection >= 0) TellCancelled(*stream);  // else when its process claims it
     }
   }
+}
+
+// Queues a "cancelled" frame for the stream's connection (the reader writes it: Flush).
+void Relay::TellCancelled(const Stream& stream) {
+  for (Connection& connection : connections_) {
+    if (connection.fd != stream.connection) continue;
+    char frame[13];
+    const uint32_t length = 9;
+    const uint8_t kind = kCancelled;
+    std::memcpy(frame, &length, 4);
+    std::memcpy(frame + 4, &stream.id, 8);
+    std::memcpy(frame + 12, &kind, 1);
+    connection.outgoing.insert(connection.outgoing.end(), frame, frame + sizeof(frame));
+    return;
+  }
+}
+
+// Writes what the connection can take of its outgoing bytes; false when it is broken.
+bool Relay::Flush(Connection* connection) {
+  while (!connection->outgoing.empty()) {
+    const ssize_t sent = send(connection->fd, connection->outgoing.data(), connection->outgoing.size(), MSG_NOSIGNAL);
+    if (sent < 0) {
+      if (errno == EINTR) continue;
+      return errno == EAGAIN || errno == EWOULDBLOCK;  // the rest when poll says it can take more
+    }
+    connection->outgoing.erase(connection->outgoing.begin(), connection->outgoing.begin() + sent);
+  }
+  return true;
 }
 
 }  // namespace

@@ -81,7 +81,7 @@ class TritonPythonModel:
         self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
         self.generator = TextGenerator(
             self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config),
-                                                          self.responses.send_waiting)
+                                                          self._send_waiting)
                                      if self.config.decoupled else None),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
@@ -102,6 +102,11 @@ class TritonPythonModel:
         if warning:
             pb_utils.Logger.log_warn(f"{MODEL}: {warning}")
         return streams
+
+    def _send_waiting(self) -> None:
+        """What a sweep of engine events queued goes out, its frames to the relay in one write (bls.relay)."""
+        with self.relays.corked():
+            self.responses.send_waiting()
 
     def _observer(self) -> GenerationObserver:
         self.metrics = Metrics(lock=PB_LOCK)
