@@ -12,6 +12,10 @@ time, which never has two such threads; ours serves hundreds per instance, so it
 server's own endpoints, whose clients never hold the GIL while they wait. Non-streamed child calls (preprocessing, postprocessing)
 stay in-process: exec(decoupled=False) does not touch the iterator map.
 
+Behind the relay (relay/relay.cc) every engine stream goes through it instead, once the process has its connection
+(the first relayed request brings it: use_relay): the relay sends the request in-process and writes each response
+back on the connection (bls.relay.RelayEngineCall), any inputs and outputs, with Triton's error codes. Without it:
+
 Which endpoint: HTTP `generate_stream` for every request it carries exactly (bls.engine_http: the plain
 token stream, about a third of gRPC's CPU per token in this process), gRPC `ModelStreamInfer` for the rest (outputs
 such as logits or log probs, FP16 inputs, beam search). Where: the model parameters `engine_http_url` and
@@ -37,6 +41,7 @@ from tritonclient.utils import deserialize_bytes_tensor, np_to_triton_dtype, ser
 from bls.contract import TENSORRT_LLM
 from bls.engine_http import Disconnected, EventStreamError, GenerateStreams, HttpStream, carries, request_body, tensors
 from bls.errors import GenerationCancelled, ModelStepError
+from bls.relay import EngineCallError, RelayConnection, RelayEngineCall
 
 Tensors = dict[str, np.ndarray]
 
@@ -47,6 +52,8 @@ _ENGINE_INPUTS = frozenset(spec.name for spec in TENSORRT_LLM.inputs)
 # What an engine's refusal for capacity or unloading says (embedded engine, BLS pool, Triton's own queue).
 _UNAVAILABLE_MARKS = ("at capacity", "unloading", "unloaded", "Exceeds maximum queue size", "is not ready",
                       "is not healthy")
+# Error kinds by Triton error code (TRITONSERVER_Error_Code), where the code says it; the rest by message.
+_KINDS_BY_CODE = {3: "client", 5: "client", 4: "unavailable"}  # INVALID_ARG, UNSUPPORTED, UNAVAILABLE
 
 
 def endpoints(grpc_url: str, http_url: str, server_pid: int) -> tuple[str, str | None]:
@@ -129,6 +136,11 @@ class EngineStreams:
         # id, since a `stop` request reuses its child's id.
         self._open: dict[object, tuple[str, Callable[[], None]]] = {}
         self._cancelled: set[object] = set()
+        self._relay: RelayConnection | None = None
+
+    def use_relay(self, connection: RelayConnection) -> None:
+        """Send every engine stream through the relay from now on (bls.relay)."""
+        self._relay = connection
 
     def cancel(self, request_id: str) -> None:
         """Cancel, from any thread, the open streams of `request_id` and of its children (ids
@@ -147,8 +159,8 @@ class EngineStreams:
         iterator early cancels the request: Triton cancels it in the engine, as it does for any client that goes
         away."""
         wanted = frozenset(outputs)
-        if self._http is not None and carries(inputs, wanted):
-            return self._http_stream(model_name, inputs, wanted, request_id)
+        if self._relay is not None or (self._http is not None and carries(inputs, wanted)):
+            return self._event_stream(model_name, inputs, wanted, request_id)
         return self._grpc_stream(model_name, inputs, wanted, request_id)
 
     def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
@@ -158,9 +170,9 @@ class EngineStreams:
         Over HTTP, on_response runs on the one thread that reads every HTTP stream of this process (bls.engine_http:
         one wake-up for many events), so it must not block; over gRPC, on the caller's thread."""
         wanted = frozenset(outputs)
-        if self._http is not None and carries(inputs, wanted):
-            with self._http_call(model_name, inputs, request_id) as open_stream:
-                return open_stream(lambda event: on_response(tensors(event, wanted))).wait()
+        if self._relay is not None or (self._http is not None and carries(inputs, wanted)):
+            with self._call(model_name, inputs, wanted, request_id) as open_stream:
+                return open_stream(on_response).wait()
         responses = self._grpc_stream(model_name, inputs, wanted, request_id)
         try:
             for response in responses:
@@ -170,32 +182,42 @@ class EngineStreams:
         finally:
             responses.close()  # cancels the call when on_response stopped it
 
-    def _http_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
-                     request_id: str) -> Iterator[Tensors]:
+    def _event_stream(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str],
+                      request_id: str) -> Iterator[Tensors]:
         events: queue.SimpleQueue = queue.SimpleQueue()  # None: the stream has ended
-        with self._http_call(model_name, inputs, request_id) as open_stream:
-            stream = open_stream(lambda event: events.put(event) or True, on_end=lambda: events.put(None))
-            while (event := events.get()) is not None:
-                yield tensors(event, wanted)
+        with self._call(model_name, inputs, wanted, request_id) as open_stream:
+            stream = open_stream(lambda response: events.put(response) or True, on_end=lambda: events.put(None))
+            while (response := events.get()) is not None:
+                yield response
             stream.wait()  # raises how it ended
 
     @contextmanager
-    def _http_call(self, model_name: str, inputs: Mapping[str, np.ndarray], request_id: str):
-        """Gives a function that opens one HTTP engine stream registered for cancel(); maps how the stream ended to
-        our errors, and stops it (Triton cancels the request) when the caller leaves before its end."""
-        opened: list[HttpStream] = []
+    def _call(self, model_name: str, inputs: Mapping[str, np.ndarray], wanted: frozenset[str], request_id: str):
+        """Gives a function that opens one engine stream, through the relay or over HTTP, registered for cancel();
+        its responses go to `on_response(tensors)` on the thread that reads them. Maps how the stream ended to our
+        errors, and stops it (the engine request is cancelled) when the caller leaves before its end."""
+        opened: list[HttpStream | RelayEngineCall] = []
+        relay = self._relay
 
-        def on_open(stream: HttpStream) -> None:
+        def register(stream: HttpStream | RelayEngineCall) -> None:
             opened.append(stream)
             with self._lock:
                 self._open[stream] = (request_id, stream.stop)
 
-        def open_stream(on_event: Callable[[dict], bool], on_end: Callable[[], None] | None = None) -> HttpStream:
-            return self._http.open(model_name, request_body(inputs, request_id), on_event, on_open, on_end,
-                                   request_id)
+        def open_stream(on_response: Callable[[Tensors], bool],
+                        on_end: Callable[[], None] | None = None) -> HttpStream | RelayEngineCall:
+            if relay is not None:
+                return relay.call_engine(model_name, inputs, wanted, request_id,
+                                         lambda found: on_response({k: v for k, v in found.items() if k in wanted}),
+                                         on_end, register)
+            return self._http.open(model_name, request_body(inputs, request_id),
+                                   lambda event: on_response(tensors(event, wanted)), register, on_end, request_id)
 
         try:
             yield open_stream
+        except EngineCallError as error:
+            kind = _KINDS_BY_CODE.get(error.code) or error_kind(str(error))
+            raise ModelStepError(model_name, str(error), kind=kind) from None
         except EventStreamError as error:
             raise ModelStepError(model_name, str(error), kind=error_kind(str(error))) from None
         except Disconnected as error:
@@ -203,6 +225,8 @@ class EngineStreams:
                 cancelled = any(stream in self._cancelled for stream in opened)
             if cancelled:
                 raise GenerationCancelled(request_id) from None
+            if relay is not None:
+                raise ModelStepError(model_name, f"lost the relay ({error})", kind="unavailable") from None
             raise ModelStepError(model_name, f"lost this server's HTTP endpoint at {self.http_url} ({error}); set "
                                              "the tensorrt_llm_bls parameter engine_http_url to where tritonserver "
                                              "serves HTTP", kind="unavailable") from None

@@ -9,6 +9,10 @@ Python model complete the child request itself. A frame costs a few µs to encod
 response sent through the stub costs 40-70 µs of this process's CPU and as much of tritonserver's (README,
 Benchmarks). The relay tells the claiming connection when a stream's client cancels it, so that the model never
 asks Triton (a round trip each).
+
+The same connection carries the process's engine calls (RelayEngineCall): the relay sends each as an in-process
+request to the engine and writes its responses back as frames, which the connection's reader thread hands on, a
+burst at a time, as bls.engine_http's reader does for HTTP streams.
 """
 
 from __future__ import annotations
@@ -17,17 +21,21 @@ import logging
 import socket
 import struct
 import threading
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
+
+from bls.engine_http import Disconnected
 
 STREAM_PARAMETER = "llama3_relay_stream"
 SOCKET_PARAMETER = "llama3_relay_socket"
 
-# Frame kinds (relay.cc's FrameKind): the Python model writes the first four, the relay the last.
+# Frame kinds (relay.cc's FrameKind, which says who writes which).
 RESPONSE, FINAL_RESPONSE, ERROR, CLAIM, CANCELLED = 0, 1, 2, 3, 4
+ENGINE_REQUEST, ENGINE_CANCEL, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR = 5, 6, 7, 8, 9
 # TRITONSERVER_DataType by numpy dtype; BYTES (13) for object and bytes arrays.
 _DATATYPES = {
     np.dtype(np.bool_): 1, np.dtype(np.uint8): 2, np.dtype(np.uint16): 3, np.dtype(np.uint32): 4,
@@ -35,8 +43,10 @@ _DATATYPES = {
     np.dtype(np.int64): 9, np.dtype(np.float16): 10, np.dtype(np.float32): 11, np.dtype(np.float64): 12,
 }
 _BYTES = 13
+_NUMPY_TYPES = {code: dtype for dtype, code in _DATATYPES.items()}
 _HEADER = struct.Struct("<IQB")  # the length of the rest, the stream, the kind
 _LENGTH = struct.Struct("<I")
+_RECV_BYTES = 1 << 16
 log = logging.getLogger(__name__)
 
 
@@ -55,8 +65,8 @@ class RelayedRequest:
         return cls(str(parameters[SOCKET_PARAMETER]), int(parameters[STREAM_PARAMETER]))
 
 
-def encode_outputs(outputs: Mapping[str, np.ndarray]) -> bytes:
-    """A response's outputs, as a frame carries them."""
+def encode_tensors(outputs: Mapping[str, np.ndarray]) -> bytes:
+    """Tensors (a response's outputs, an engine request's inputs), as a frame carries them."""
     parts = [struct.pack("<H", len(outputs))]
     for name, array in outputs.items():
         array = np.asarray(array)
@@ -89,17 +99,138 @@ def claim_frame(stream: int) -> bytes:
     return _HEADER.pack(9, stream, CLAIM)
 
 
-def cancelled_streams(data: bytes) -> tuple[list[int], bytes]:
-    """The streams of the whole "cancelled" frames at the start of `data` (what the relay writes), and the bytes
-    after them. ValueError on any other frame: the relay writes no other kind."""
-    streams = []
-    while len(data) >= _HEADER.size:
-        length, stream, kind = _HEADER.unpack_from(data)
-        if length != 9 or kind != CANCELLED:
+def engine_request_frame(call: int, model_name: str, request_id: str, outputs: Iterable[str],
+                         inputs: Mapping[str, np.ndarray]) -> bytes:
+    outputs = list(outputs)
+    body = b"".join([_string(model_name), _string(request_id), struct.pack("<H", len(outputs)),
+                     *(_string(name) for name in outputs), encode_tensors(inputs)])
+    return _HEADER.pack(9 + len(body), call, ENGINE_REQUEST) + body
+
+
+def engine_cancel_frame(call: int) -> bytes:
+    return _HEADER.pack(9, call, ENGINE_CANCEL)
+
+
+def _string(text: str) -> bytes:
+    encoded = text.encode()
+    return struct.pack("<H", len(encoded)) + encoded
+
+
+def relay_frames(data: bytes) -> tuple[list[tuple[int, int, memoryview]], bytes]:
+    """The whole frames at the start of `data` (what the relay writes) as (stream, kind, rest of the body), and the
+    bytes after them. ValueError on a kind the relay does not write."""
+    frames = []
+    view = memoryview(data)
+    at = 0
+    while len(data) - at >= _HEADER.size:
+        length, stream, kind = _HEADER.unpack_from(data, at)
+        if kind not in (CANCELLED, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR) or length < 9:
             raise ValueError(f"a frame of kind {kind} and length {length} from the relay")
-        streams.append(stream)
-        data = data[_HEADER.size:]
-    return streams, data
+        if len(data) - at - 4 < length:
+            break
+        frames.append((stream, kind, view[at + _HEADER.size:at + 4 + length]))
+        at += 4 + length
+    return frames, data[at:]
+
+
+def decode_tensors(body: memoryview) -> dict[str, np.ndarray]:
+    """The tensors of a frame (encode_tensors' layout; BYTES as object arrays of bytes)."""
+    (count,) = struct.unpack_from("<H", body)
+    at = 2
+    tensors = {}
+    for _ in range(count):
+        (name_length,) = struct.unpack_from("<H", body, at)
+        name = bytes(body[at + 2:at + 2 + name_length]).decode()
+        at += 2 + name_length
+        datatype, dims = struct.unpack_from("<BB", body, at)
+        shape = struct.unpack_from(f"<{dims}q", body, at + 2)
+        (length,) = struct.unpack_from("<Q", body, at + 2 + 8 * dims)
+        at += 10 + 8 * dims
+        data = body[at:at + length]
+        at += length
+        if datatype == _BYTES:
+            items, offset = [], 0
+            while offset < length:
+                (size,) = _LENGTH.unpack_from(data, offset)
+                items.append(bytes(data[offset + 4:offset + 4 + size]))
+                offset += 4 + size
+            array = np.empty(len(items), dtype=object)
+            array[:] = items
+        elif datatype in _NUMPY_TYPES:
+            array = np.frombuffer(data, _NUMPY_TYPES[datatype]).copy()
+        else:
+            raise ValueError(f"tensor {name}: Triton datatype {datatype} has no numpy dtype here")
+        tensors[name] = array.reshape(shape)
+    return tensors
+
+
+class EngineCallError(RuntimeError):
+    """The engine (or Triton, on its way there) answered an engine call with an error: its code and message."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+class RelayEngineCall:
+    """One engine request sent through the relay, its responses handed on by the connection's reader thread."""
+
+    def __init__(self, connection: "RelayConnection", call: int, on_event: Callable[[dict], bool],
+                 on_end: Callable[[], None] | None):
+        self._connection = connection
+        self._call = call
+        self._on_event = on_event
+        self._on_end = on_end
+        self._done = threading.Event()
+        self._outcome: BaseException | bool | None = None  # True: read to the end; False: on_event stopped it
+
+    def wait(self) -> bool:
+        """Block until the call ends: True when read to its end, False when on_event stopped it. Raises
+        EngineCallError, Disconnected (stop(), or the connection broke), or what on_event raised."""
+        self._done.wait()
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return bool(self._outcome)
+
+    def stop(self) -> None:
+        """Cancel from any thread: the call ends with Disconnected, and the relay cancels the engine request."""
+        if self._connection._forget(self._call):
+            self._cancel_in_relay()
+            self._finish(Disconnected("stopped"))
+
+    def _cancel_in_relay(self) -> None:
+        try:
+            self._connection.write(engine_cancel_frame(self._call), now=True)
+        except OSError:
+            pass  # the connection broke: the relay cancels the calls of a connection it loses
+
+    def _handle(self, kind: int, body: memoryview) -> None:
+        """One frame of this call (the reader thread; the call has been forgotten if the frame is final)."""
+        try:
+            if kind == ENGINE_ERROR:
+                (code,) = struct.unpack_from("<I", body)
+                self._finish(EngineCallError(code, bytes(body[4:]).decode(errors="replace")))
+                return
+            tensors = decode_tensors(body)
+            if kind == ENGINE_FINAL:
+                if tensors:
+                    self._on_event(tensors)
+                self._finish(True)
+            elif self._on_event(tensors) is False and self._connection._forget(self._call):
+                self._cancel_in_relay()
+                self._finish(False)
+        except BaseException as error:  # noqa: BLE001 - it ends this call, never the reader
+            if self._connection._forget(self._call):
+                self._cancel_in_relay()
+            self._finish(error)
+
+    def _finish(self, outcome: BaseException | bool) -> None:
+        if self._done.is_set():
+            return
+        self._outcome = outcome
+        self._done.set()
+        if self._on_end is not None:
+            self._on_end()
 
 
 class RelayConnection:
@@ -110,13 +241,51 @@ class RelayConnection:
     before it, is written at once: the child request may complete only after it). A thread reads what the relay
     writes back: which claimed streams were cancelled."""
 
-    def __init__(self, socket_name: str):
+    SWEEP_S = 0.002  # while engine responses keep coming, read at most this often (bls.engine_http says why)
+
+    def __init__(self, socket_name: str, after_sweep: Callable[[], None] | None = None):
+        """`after_sweep`: run on the reader thread after each read that brought engine responses (the BLS sends
+        there what they queued, as after an HTTP sweep)."""
         self._socket_name = socket_name
+        self._after_sweep = after_sweep
         self._lock = threading.Lock()
         self._socket: socket.socket | None = None
         self._corks = 0
         self._gathered: list[bytes] = []
         self._claims: dict[int, Callable[[], None]] = {}  # stream -> what its cancellation calls
+        self._calls: dict[int, RelayEngineCall] = {}  # engine calls not ended
+        self._next_call = 1
+
+    def call_engine(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_event: Callable[[dict], bool], on_end: Callable[[], None] | None = None,
+                    on_open: Callable[[RelayEngineCall], None] | None = None) -> RelayEngineCall:
+        """Send one engine request through the relay. Each response's tensors go to `on_event(tensors)` on the
+        reader thread, which must not block: returning False ends the call (the relay cancels the request);
+        `on_end()` runs once it has ended, with this connection's lock held when the connection broke: it must
+        only take note. `on_open(call)` runs before the request is sent, so that another thread can stop() it (a
+        call stopped by then is not sent). Raises Disconnected when the relay cannot be reached."""
+        with self._lock:
+            number = self._next_call
+            self._next_call += 1
+            call = self._calls[number] = RelayEngineCall(self, number, on_event, on_end)
+        frame = engine_request_frame(number, model_name, request_id, outputs, inputs)
+        if on_open is not None:
+            on_open(call)
+        with self._lock:
+            if number not in self._calls:
+                return call  # stopped already
+            self._gathered.append(frame)
+            try:
+                self._write_gathered()
+            except OSError as error:
+                self._calls.pop(number, None)
+                raise Disconnected(f"the relay cannot be reached ({error})") from None
+        return call
+
+    def _forget(self, call: int) -> bool:
+        """Whether the call was still open (it is not any more)."""
+        with self._lock:
+            return self._calls.pop(call, None) is not None
 
     def claim(self, stream: int, on_cancelled: Callable[[], None]) -> None:
         """Tell the relay that this connection sends `stream`. `on_cancelled()` runs if its client cancels it, or
@@ -152,8 +321,7 @@ class RelayConnection:
                 connection.close()
                 raise
             self._socket = connection
-            threading.Thread(target=self._read_cancellations, args=(connection,), name="relay-cancellations",
-                             daemon=True).start()
+            threading.Thread(target=self._read_frames, args=(connection,), name="relay-reader", daemon=True).start()
         try:
             self._socket.sendall(data)
         except OSError:
@@ -162,35 +330,59 @@ class RelayConnection:
 
     def _broken(self) -> None:
         """The connection is gone (with the lock held): the relay ends every stream claimed on it, so they are
-        all cancelled here."""
+        all cancelled here, and cancels its engine calls, which end here with Disconnected."""
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
+        except OSError:
+            pass
         self._socket.close()
         self._socket = None
         claims, self._claims = self._claims, {}
         for on_cancelled in claims.values():
             on_cancelled()
+        calls, self._calls = self._calls, {}
+        for call in calls.values():
+            call._finish(Disconnected("the connection to the relay broke"))
 
-    def _read_cancellations(self, connection: socket.socket) -> None:
+    def _read_frames(self, connection: socket.socket) -> None:
         pending = b""
         while True:
+            swept = time.monotonic()
             try:
-                data = connection.recv(4096)
+                data = connection.recv(_RECV_BYTES)
             except OSError:
                 data = b""
             try:
-                streams, pending = cancelled_streams(pending + data)
+                frames, pending = relay_frames(pending + data)
             except ValueError as error:
                 log.error("relay %s: %s; closing the connection", self._socket_name, error)
-                data = b""
-                streams = []
-            with self._lock:
-                if not data:  # closed by the relay (unloading, or it dropped a malformed frame), or by us
+                data, frames = b"", []
+            if not data:  # closed by the relay (unloading, or it dropped a malformed frame), or by us
+                with self._lock:
                     if self._socket is connection:
                         self._broken()
-                    return
-                for stream in streams:
-                    on_cancelled = self._claims.get(stream)
-                    if on_cancelled is not None:
-                        on_cancelled()
+                return
+            engine_events = 0
+            for stream, kind, body in frames:
+                if kind == CANCELLED:
+                    with self._lock:
+                        on_cancelled = self._claims.get(stream)
+                        if on_cancelled is not None:
+                            on_cancelled()
+                    continue
+                engine_events += 1
+                with self._lock:
+                    call = self._calls.pop(stream, None) if kind != ENGINE_RESPONSE else self._calls.get(stream)
+                if call is not None:  # else stopped: the relay has been told
+                    call._handle(kind, body)
+            if engine_events and self._after_sweep is not None:
+                try:
+                    self._after_sweep()
+                except Exception:  # noqa: BLE001 - this thread reads every engine call of the process: it goes on
+                    log.exception("relay %s: the after-sweep call failed", self._socket_name)
+            pause = swept + self.SWEEP_S - time.monotonic()
+            if engine_events > 1 and pause > 0:
+                time.sleep(pause)  # let the next responses gather: one wake-up for many
 
     def _cork(self) -> None:
         with self._lock:
@@ -212,18 +404,15 @@ class RelayConnection:
             self._gathered.clear()
             self._claims.clear()
             if self._socket is not None:
-                try:
-                    self._socket.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
-                except OSError:
-                    pass
-                self._socket.close()
-                self._socket = None
+                self._broken()
 
 
 class RelayConnections:
     """One connection per relay socket, for the process's lifetime (a model has one relay)."""
 
-    def __init__(self) -> None:
+    def __init__(self, after_sweep: Callable[[], None] | None = None) -> None:
+        """`after_sweep`: see RelayConnection."""
+        self._after_sweep = after_sweep
         self._lock = threading.Lock()
         self._connections: dict[str, RelayConnection] = {}
 
@@ -231,7 +420,7 @@ class RelayConnections:
         with self._lock:
             connection = self._connections.get(socket_name)
             if connection is None:
-                connection = self._connections[socket_name] = RelayConnection(socket_name)
+                connection = self._connections[socket_name] = RelayConnection(socket_name, self._after_sweep)
             return connection
 
     @contextmanager

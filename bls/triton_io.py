@@ -22,7 +22,7 @@ from bls.artifact import verify_model_files
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest, ModelStepError, Unavailable
 from bls.relay import (
-    SOCKET_PARAMETER, STREAM_PARAMETER, RelayConnection, RelayedRequest, encode_outputs, error_frame, response_frame,
+    SOCKET_PARAMETER, STREAM_PARAMETER, RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame,
 )
 
 if TYPE_CHECKING:  # only the BLS streams over gRPC: the other models' stubs need not import grpc
@@ -299,7 +299,7 @@ class RelayedSender(SafeSender):
 
     def build(self, outputs: Mapping[str, np.ndarray]) -> bytes:
         """The outputs encoded (the relay drops those the client did not ask for)."""
-        return encode_outputs(outputs)
+        return encode_tensors(outputs)
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
         self.send_built(self.build(outputs), final)

@@ -25,16 +25,26 @@
 //    (request.is_cancelled(), which a stream would otherwise pay every 100 ms: a tenth of its per-token CPU when a
 //    token comes every 40 ms).
 //
+// 6. Engine calls: the Python model's own requests to the engine (tensorrt_llm, or its draft) go through the relay
+//    too, on the same connection: the relay sends each as an in-process request (TRITONSERVER_ServerInferAsync)
+//    and writes every engine response back as a frame, as it comes (one per generated token with TensorRT-LLM's
+//    backend). Over the server's own HTTP endpoint each token cost the HTTP frontend's JSON and chunked
+//    transfer, and the Python process a socket per stream to read (README, Benchmarks).
+//
 // Frame (little-endian), the Python half is bls/relay.py:
-//   u32 length of the rest | u64 stream | u8 kind
+//   u32 length of the rest | u64 stream (an engine call's number for kinds 5-9: the Python process's) | u8 kind
 //   Python -> relay: 0 response, 1 final response, 2 error (final), 3 claim (this connection sends the stream;
-//                    written before any of its other frames)
-//   relay -> Python: 4 cancelled (the stream's client cancelled it; sent once, on the claiming connection)
-//   kind 0, 1: u16 outputs, each: u16 name length, name, u8 datatype (TRITONSERVER_DataType), u8 dims,
+//                    written before any of its other frames), 5 engine request, 6 cancel an engine request
+//   relay -> Python: 4 cancelled (the stream's client cancelled it; sent once, on the claiming connection),
+//                    7 engine response, 8 final engine response, 9 engine error (final)
+//   tensors:   u16 count, each: u16 name length, name, u8 datatype (TRITONSERVER_DataType), u8 dims,
 //              i64 shape[dims], u64 data length, data (BYTES elements: u32 length + bytes each, as Triton's)
-//   kind 2:    u32 code (TRITONSERVER_Error_Code), message (the rest)
-//   kind 3, 4: nothing more
-// A final response without outputs only closes the stream (the final flag alone).
+//   kind 0, 1, 7, 8: tensors (the outputs)
+//   kind 2, 9: u32 code (TRITONSERVER_Error_Code), message (the rest)
+//   kind 3, 4, 6: nothing more
+//   kind 5:    u16 + model name, u16 + request id, u16 requested outputs (each u16 + name), tensors (the inputs)
+// A final response without outputs only closes the stream (the final flag alone). Every engine call gets one
+// final frame (8 or 9); after a cancel from Python, frames of that call may still come and are ignored there.
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -64,7 +74,11 @@ constexpr const char* kSocketParameter = "llama3_relay_socket";
 constexpr auto kCancellationPeriod = std::chrono::milliseconds(100);
 constexpr const char* kThreadName = "llama3_relay";  // what the bench's CPU accounting looks for (testkit)
 constexpr uint32_t kMaxFrameBytes = 1u << 30;  // a frame claiming more is a broken connection, not a response
-enum FrameKind : uint8_t { kResponse = 0, kFinalResponse = 1, kError = 2, kClaim = 3, kCancelled = 4 };
+enum FrameKind : uint8_t {
+  kResponse = 0, kFinalResponse = 1, kError = 2, kClaim = 3, kCancelled = 4,
+  kEngineRequest = 5, kEngineCancel = 6, kEngineResponse = 7, kEngineFinal = 8, kEngineError = 9,
+};
+constexpr auto kUnloadWait = std::chrono::seconds(30);  // for engine calls still running when the model unloads
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message) {
   TRITONSERVER_Error* error = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, ("llama3_relay: " + message).c_str());
@@ -141,11 +155,126 @@ bool Take(const std::vector<char>& body, size_t* at, T* value) {
   return true;
 }
 
-// One connection from a Python process: bytes read and not yet a whole frame, bytes to write not yet taken.
+// One tensor of a frame, its data at [data, data + length) of the frame's body.
+struct FrameTensor {
+  std::string name;
+  uint8_t datatype = 0;
+  uint8_t dims = 0;
+  int64_t shape[16];
+  size_t data = 0;
+  uint64_t length = 0;
+};
+
+// Reads the tensor at `at`, advancing it; false when the body does not hold a whole and valid one.
+bool TakeTensor(const std::vector<char>& body, size_t* at, FrameTensor* tensor) {
+  uint16_t name_length = 0;
+  if (!Take(body, at, &name_length) || body.size() - *at < name_length) return false;
+  tensor->name.assign(body.data() + *at, name_length);
+  *at += name_length;
+  if (!Take(body, at, &tensor->datatype) || !Take(body, at, &tensor->dims) || tensor->dims > 16) return false;
+  for (uint8_t d = 0; d < tensor->dims; ++d) {
+    if (!Take(body, at, &tensor->shape[d])) return false;
+  }
+  if (!Take(body, at, &tensor->length) || body.size() - *at < tensor->length) return false;
+  if (tensor->datatype <= TRITONSERVER_TYPE_INVALID || tensor->datatype > TRITONSERVER_TYPE_BF16) return false;
+  tensor->data = *at;
+  *at += tensor->length;
+  return true;
+}
+
+bool TakeString(const std::vector<char>& body, size_t* at, std::string* value) {
+  uint16_t length = 0;
+  if (!Take(body, at, &length) || body.size() - *at < length) return false;
+  value->assign(body.data() + *at, length);
+  *at += length;
+  return true;
+}
+
+template <typename T>
+void Put(std::vector<char>* frame, T value) {
+  const char* bytes = reinterpret_cast<const char*>(&value);
+  frame->insert(frame->end(), bytes, bytes + sizeof(T));
+}
+
+// A frame's header; its length is set by FrameDone.
+std::vector<char> FrameStart(uint64_t id, uint8_t kind) {
+  std::vector<char> frame;
+  Put<uint32_t>(&frame, 0);
+  Put(&frame, id);
+  Put(&frame, kind);
+  return frame;
+}
+
+std::vector<char> FrameDone(std::vector<char> frame) {
+  const uint32_t length = static_cast<uint32_t>(frame.size() - 4);
+  std::memcpy(frame.data(), &length, 4);
+  return frame;
+}
+
+std::vector<char> ErrorFrame(uint64_t id, uint8_t kind, TRITONSERVER_Error_Code code, const std::string& message) {
+  std::vector<char> frame = FrameStart(id, kind);
+  Put<uint32_t>(&frame, code);
+  frame.insert(frame.end(), message.begin(), message.end());
+  return FrameDone(std::move(frame));
+}
+
+// An engine response's outputs as a frame of `kind`; "" when they could be read, else why not.
+std::string TensorFrame(uint64_t id, uint8_t kind, TRITONSERVER_InferenceResponse* response, std::vector<char>* out) {
+  std::vector<char> frame = FrameStart(id, kind);
+  uint32_t count = 0;
+  std::string failure = response == nullptr ? "" : Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count));
+  Put(&frame, static_cast<uint16_t>(count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    const char* name = nullptr;
+    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
+    const int64_t* shape = nullptr;
+    uint64_t dims = 0;
+    const void* base = nullptr;
+    size_t byte_size = 0;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_type_id = 0;
+    void* userp = nullptr;
+    failure = Failure(TRITONSERVER_InferenceResponseOutput(response, i, &name, &datatype, &shape, &dims, &base,
+                                                           &byte_size, &memory_type, &memory_type_id, &userp));
+    if (!failure.empty()) break;
+    if (dims > 16) failure = std::string("output ") + name + " has more than 16 dims";
+    if (memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
+      failure = std::string("output ") + name + " is not in CPU memory";
+    }
+    if (!failure.empty()) break;
+    const size_t name_length = std::strlen(name);
+    Put(&frame, static_cast<uint16_t>(name_length));
+    frame.insert(frame.end(), name, name + name_length);
+    Put(&frame, static_cast<uint8_t>(datatype));
+    Put(&frame, static_cast<uint8_t>(dims));
+    for (uint64_t d = 0; d < dims; ++d) Put(&frame, shape[d]);
+    Put(&frame, static_cast<uint64_t>(byte_size));
+    const char* data = static_cast<const char*>(base);
+    if (byte_size > 0) frame.insert(frame.end(), data, data + byte_size);
+  }
+  if (failure.empty()) *out = FrameDone(std::move(frame));
+  return failure;
+}
+
+// One connection from a Python process: bytes read and not yet a whole frame (the reader's), bytes to write not
+// yet taken (under the relay's lock: engine responses are queued from Triton's threads).
 struct Connection {
   int fd = -1;
   std::vector<char> pending;
   std::vector<char> outgoing;
+};
+
+// One engine call of a Python process, from its request frame until Triton has completed and released it.
+struct EngineCall {
+  Relay* relay = nullptr;
+  uint64_t serial = 0;  // the relay's key
+  uint64_t id = 0;  // the Python process's number for it (the frames' stream field)
+  int connection = -1;  // where its responses go; -1 once nobody reads them (connection gone, or cancelled)
+  std::vector<char> frame;  // the request frame: Triton reads the inputs' data from it until it releases the request
+  TRITONSERVER_InferenceRequest* request = nullptr;
+  bool released = false;
+  bool complete = false;  // the final response has come
+  bool ended = false;  // its final frame (8 or 9) has been queued
 };
 
 class Relay {
@@ -162,17 +291,23 @@ class Relay {
   std::string Start(Stream* stream);
   static void OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
   static void OnChildReleased(TRITONSERVER_InferenceRequest* child, const uint32_t flags, void* userp);
+  static void OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
+  static void OnEngineReleased(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
 
   // With mutex_ held:
   void SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message);
   void SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& body, size_t at);
   void End(Stream* stream);
   void ReleaseIfDone(Stream* stream, std::vector<Finished>* to_release);
+  void Queue(int connection, const std::vector<char>& frame);
+  void ForgetIfDone(EngineCall* call);
+  void StopEngineCalls(int connection);
 
   // On the reader thread:
   void Read();
   bool Drain(Connection* connection);
-  bool Handle(const std::vector<char>& body, int connection);
+  bool Handle(std::vector<char>& body, int connection);
+  bool StartEngineCall(std::vector<char>& body, size_t at, int connection, uint64_t id);
   void TellCancelled(const Stream& stream);
   bool Flush(Connection* connection);
   void EndStreamsOf(int connection);
@@ -190,12 +325,22 @@ class Relay {
   int wake_[2] = {-1, -1};  // a byte written to wake_[1] wakes the reader (child completed, or stopping)
   std::atomic<bool> stopping_{false};
   std::thread reader_;
-  std::vector<Connection> connections_;  // the reader's own (it alone reads and writes them)
-  TRITONSERVER_ResponseAllocator* allocator_ = nullptr;
+  TRITONSERVER_ResponseAllocator* allocator_ = nullptr;  // the children's (they send no outputs)
+  TRITONSERVER_ResponseAllocator* engine_allocator_ = nullptr;  // engine calls' outputs, on the heap
 
-  std::recursive_mutex mutex_;  // guards streams_ and every Stream; Triton's callbacks and the reader take it
+  // Guards streams_, every Stream, calls_, every EngineCall, and connections_ (whose `pending` is the reader's
+  // alone); Triton's callbacks and the reader take it.
+  std::recursive_mutex mutex_;
+  std::vector<std::unique_ptr<Connection>> connections_;
   std::unordered_map<uint64_t, std::unique_ptr<Stream>> streams_;
   uint64_t next_stream_ = 1;
+  std::unordered_map<uint64_t, std::unique_ptr<EngineCall>> calls_;
+  uint64_t next_call_ = 1;
+
+ public:
+  // Cancels the engine calls still running and waits for Triton to be done with them (at unload: their callbacks
+  // point here); false when they were not done within kUnloadWait.
+  bool StopAll();
 };
 
 // The child's responses carry no outputs (the Python model sends them as frames): an allocation is a bug.
@@ -214,6 +359,26 @@ TRITONSERVER_Error* RefuseAllocation(TRITONSERVER_ResponseAllocator*, const char
 
 TRITONSERVER_Error* ReleaseNothing(TRITONSERVER_ResponseAllocator*, void*, void*, size_t, TRITONSERVER_MemoryType,
                                    int64_t) {
+  return nullptr;
+}
+
+TRITONSERVER_Error* AllocateOnHeap(TRITONSERVER_ResponseAllocator*, const char* tensor_name, size_t byte_size,
+                                   TRITONSERVER_MemoryType, int64_t, void*, void** buffer, void** buffer_userp,
+                                   TRITONSERVER_MemoryType* actual_memory_type, int64_t* actual_memory_type_id) {
+  *buffer = byte_size == 0 ? nullptr : std::malloc(byte_size);
+  *buffer_userp = nullptr;
+  *actual_memory_type = TRITONSERVER_MEMORY_CPU;
+  *actual_memory_type_id = 0;
+  if (byte_size != 0 && *buffer == nullptr) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL,
+                                 (std::string("llama3_relay: no memory for engine output ") + tensor_name).c_str());
+  }
+  return nullptr;
+}
+
+TRITONSERVER_Error* FreeHeap(TRITONSERVER_ResponseAllocator*, void* buffer, void*, size_t, TRITONSERVER_MemoryType,
+                             int64_t) {
+  std::free(buffer);
   return nullptr;
 }
 
@@ -251,6 +416,8 @@ TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
                                  "responses this one sends)");
   }
   error = TRITONSERVER_ResponseAllocatorNew(&relay->allocator_, RefuseAllocation, ReleaseNothing, nullptr);
+  if (error != nullptr) return error;
+  error = TRITONSERVER_ResponseAllocatorNew(&relay->engine_allocator_, AllocateOnHeap, FreeHeap, nullptr);
   if (error != nullptr) return error;
   error = relay->Listen();
   if (error != nullptr) return error;
@@ -297,11 +464,13 @@ Relay::~Relay() {
   stopping_ = true;
   if (wake_[1] >= 0) (void)!write(wake_[1], "x", 1);
   if (reader_.joinable()) reader_.join();
-  for (Connection& connection : connections_) close(connection.fd);
+  for (const auto& connection : connections_) close(connection->fd);
   for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
     if (fd >= 0) close(fd);
   }
-  if (allocator_ != nullptr) LogFailure(TRITONSERVER_ResponseAllocatorDelete(allocator_), "allocator");
+  for (TRITONSERVER_ResponseAllocator* allocator : {allocator_, engine_allocator_}) {
+    if (allocator != nullptr) LogFailure(TRITONSERVER_ResponseAllocatorDelete(allocator), "allocator");
+  }
   // Triton finalizes a model only when no request of it is held, so no stream is left here.
 }
 
@@ -540,42 +709,27 @@ void Relay::SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& bod
     SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
     return;
   }
-  std::string name;
-  int64_t shape[16];
+  FrameTensor tensor;
   for (uint16_t i = 0; failure.empty() && i < outputs; ++i) {
-    uint16_t name_length = 0;
-    uint8_t datatype = 0;
-    uint8_t dims = 0;
-    uint64_t data_length = 0;
-    bool whole = Take(body, &at, &name_length) && body.size() - at >= name_length;
-    if (whole) {
-      name.assign(body.data() + at, name_length);
-      at += name_length;
-      whole = Take(body, &at, &datatype) && Take(body, &at, &dims) && dims <= 16;
-    }
-    for (uint8_t d = 0; whole && d < dims; ++d) whole = Take(body, &at, &shape[d]);
-    whole = whole && Take(body, &at, &data_length) && body.size() - at >= data_length &&
-            datatype > TRITONSERVER_TYPE_INVALID && datatype <= TRITONSERVER_TYPE_BF16;
-    if (!whole) {
+    if (!TakeTensor(body, &at, &tensor)) {
       failure = "a malformed response frame";
       break;
     }
-    if (stream->requested.count(name) != 0) {
-      TRITONBACKEND_Output* output = nullptr;
-      void* buffer = nullptr;
-      TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_type_id = 0;
-      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, name.c_str(),
-                                                     static_cast<TRITONSERVER_DataType>(datatype), shape, dims));
-      if (failure.empty() && data_length > 0) {
-        failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, data_length, &memory_type, &memory_type_id));
-        if (failure.empty() && memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
-          failure = "output " + name + " was given memory outside the CPU";
-        }
-        if (failure.empty()) std::memcpy(buffer, body.data() + at, data_length);
+    if (stream->requested.count(tensor.name) == 0) continue;
+    TRITONBACKEND_Output* output = nullptr;
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_type_id = 0;
+    failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, tensor.name.c_str(),
+                                                   static_cast<TRITONSERVER_DataType>(tensor.datatype), tensor.shape,
+                                                   tensor.dims));
+    if (failure.empty() && tensor.length > 0) {
+      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, tensor.length, &memory_type, &memory_type_id));
+      if (failure.empty() && memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
+        failure = "output " + tensor.name + " was given memory outside the CPU";
       }
+      if (failure.empty()) std::memcpy(buffer, body.data() + tensor.data, tensor.length);
     }
-    at += data_length;
   }
   TRITONSERVER_Error* error =
       failure.empty() ? nullptr : TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INTERNAL, (model_name_ + ": " + failure).c_str());
@@ -591,13 +745,16 @@ void Relay::SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& bod
   if (send_flags != 0) End(stream);
 }
 
-// One wait for the sockets (at most kCancellationPeriod), then everything that can be read.
+// One wait for the sockets (at most kCancellationPeriod), then everything that can be read, and written.
 void Relay::Read() {
   std::vector<pollfd> fds;
   fds.push_back({wake_[0], POLLIN, 0});
   fds.push_back({listen_fd_, POLLIN, 0});
-  for (const Connection& connection : connections_) {
-    fds.push_back({connection.fd, static_cast<short>(POLLIN | (connection.outgoing.empty() ? 0 : POLLOUT)), 0});
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (const auto& connection : connections_) {
+      fds.push_back({connection->fd, static_cast<short>(POLLIN | (connection->outgoing.empty() ? 0 : POLLOUT)), 0});
+    }
   }
   const int ready = poll(fds.data(), fds.size(), static_cast<int>(kCancellationPeriod.count()));
   if (ready <= 0) return;
@@ -611,20 +768,41 @@ void Relay::Read() {
   if ((fds[1].revents & POLLIN) != 0 || woken) {  // woken: a connection may have come after the poll looked
     int fd;
     while ((fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
-      connections_.push_back({fd, {}, {}});
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      connections_.push_back(std::make_unique<Connection>());
+      connections_.back()->fd = fd;
     }
   }
-  // Every connection is read to its end when woken: a completed child's final frame is in one of them.
-  for (size_t i = 0; i < connections_.size();) {
-    const bool readable = i + 2 < fds.size() && fds[i + 2].revents != 0;
-    if (((readable || woken) && !Drain(&connections_[i])) || !Flush(&connections_[i])) {
-      EndStreamsOf(connections_[i].fd);
-      close(connections_[i].fd);
-      connections_.erase(connections_.begin() + i);
-      fds.erase(fds.begin() + 2 + i);
-      continue;
+  // Every connection is read to its end when woken: a completed child's final frame is in one of them. Only the
+  // reader adds or removes connections, so the ones polled are connections_[0, polled) still.
+  const size_t polled = fds.size() - 2;
+  std::vector<Connection*> broken;
+  for (size_t i = 0; i < polled; ++i) {
+    Connection* connection;
+    {
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      connection = connections_[i].get();
     }
-    ++i;
+    const bool readable = fds[i + 2].revents != 0;
+    bool open = !(readable || woken) || Drain(connection);
+    if (open) {
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      open = Flush(connection);
+    }
+    if (!open) broken.push_back(connection);
+  }
+  for (Connection* connection : broken) {
+    const int fd = connection->fd;
+    EndStreamsOf(fd);
+    StopEngineCalls(fd);
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto at = connections_.begin(); at != connections_.end(); ++at) {
+      if (at->get() == connection) {
+        connections_.erase(at);
+        break;
+      }
+    }
+    close(fd);
   }
   if (woken) EndOrphans();
 }
@@ -661,11 +839,24 @@ bool Relay::Drain(Connection* connection) {
   }
 }
 
-bool Relay::Handle(const std::vector<char>& body, int connection) {
+bool Relay::Handle(std::vector<char>& body, int connection) {
   size_t at = 0;
   uint64_t id = 0;
   uint8_t kind = 0;
-  if (!Take(body, &at, &id) || !Take(body, &at, &kind) || kind > kClaim) return false;
+  if (!Take(body, &at, &id) || !Take(body, &at, &kind)) return false;
+  if (kind == kEngineRequest) return StartEngineCall(body, at, connection, id);
+  if (kind == kEngineCancel) {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto& entry : calls_) {
+      EngineCall* call = entry.second.get();
+      if (call->connection != connection || call->id != id) continue;
+      call->connection = -1;  // the Python process has stopped reading it
+      if (!call->complete) LogFailure(TRITONSERVER_InferenceRequestCancel(call->request), "cancelling an engine call");
+      break;
+    }
+    return true;
+  }
+  if (kind > kClaim) return false;
   std::vector<Finished> to_release;
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -688,6 +879,152 @@ bool Relay::Handle(const std::vector<char>& body, int connection) {
   }
   ReleaseAll(to_release);
   return true;
+}
+
+// An engine request frame becomes an in-process request to the engine; its responses go back on `connection`.
+// False when the frame is malformed.
+bool Relay::StartEngineCall(std::vector<char>& body, size_t at, int connection, uint64_t id) {
+  std::string model, request_id;
+  uint16_t outputs = 0;
+  uint16_t inputs = 0;
+  std::vector<std::string> requested;
+  bool whole = TakeString(body, &at, &model) && TakeString(body, &at, &request_id) && Take(body, &at, &outputs);
+  for (uint16_t i = 0; whole && i < outputs; ++i) {
+    requested.emplace_back();
+    whole = TakeString(body, &at, &requested.back());
+  }
+  whole = whole && Take(body, &at, &inputs);
+  std::vector<FrameTensor> tensors(whole ? inputs : 0);
+  for (FrameTensor& tensor : tensors) whole = whole && TakeTensor(body, &at, &tensor);
+  if (!whole) return false;
+
+  auto owned = std::make_unique<EngineCall>();
+  EngineCall* call = owned.get();
+  call->relay = this;
+  call->id = id;
+  call->connection = connection;
+  call->frame.swap(body);  // the inputs' data stays where it is, owned by the call
+  const char* data = call->frame.data();
+  TRITONSERVER_Error* error = TRITONSERVER_InferenceRequestNew(&call->request, server_, model.c_str(), -1);
+  if (error == nullptr && !request_id.empty()) error = TRITONSERVER_InferenceRequestSetId(call->request, request_id.c_str());
+  for (const FrameTensor& tensor : tensors) {
+    if (error == nullptr) {
+      error = TRITONSERVER_InferenceRequestAddInput(call->request, tensor.name.c_str(),
+                                                    static_cast<TRITONSERVER_DataType>(tensor.datatype), tensor.shape,
+                                                    tensor.dims);
+    }
+    if (error == nullptr) {
+      error = TRITONSERVER_InferenceRequestAppendInputData(call->request, tensor.name.c_str(), data + tensor.data,
+                                                           tensor.length, TRITONSERVER_MEMORY_CPU, 0);
+    }
+  }
+  for (const std::string& name : requested) {
+    if (error == nullptr) error = TRITONSERVER_InferenceRequestAddRequestedOutput(call->request, name.c_str());
+  }
+  if (error == nullptr) error = TRITONSERVER_InferenceRequestSetReleaseCallback(call->request, OnEngineReleased, call);
+  if (error == nullptr) {
+    error = TRITONSERVER_InferenceRequestSetResponseCallback(call->request, engine_allocator_, nullptr,
+                                                             OnEngineResponse, call);
+  }
+  std::lock_guard<std::recursive_mutex> lock(mutex_);  // held through InferAsync: callbacks wait for the call's entry
+  call->serial = next_call_++;
+  if (error == nullptr) {
+    calls_.emplace(call->serial, std::move(owned));
+    error = TRITONSERVER_ServerInferAsync(server_, call->request, nullptr);
+    if (error == nullptr) return true;
+    owned = std::move(calls_[call->serial]);  // Triton did not take it: ours to delete
+    calls_.erase(call->serial);
+  }
+  Queue(connection, ErrorFrame(id, kEngineError, TRITONSERVER_ErrorCode(error),
+                               model + ": " + TRITONSERVER_ErrorMessage(error)));
+  TRITONSERVER_ErrorDelete(error);
+  if (call->request != nullptr) LogFailure(TRITONSERVER_InferenceRequestDelete(call->request), "engine request");
+  return true;
+}
+
+void Relay::OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  EngineCall* call = static_cast<EngineCall*>(userp);
+  Relay* relay = call->relay;
+  const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  std::vector<char> frame;  // built outside the lock
+  bool ends = final;
+  TRITONSERVER_Error* error = response == nullptr ? nullptr : TRITONSERVER_InferenceResponseError(response);
+  if (error != nullptr) {  // owned by the response
+    frame = ErrorFrame(call->id, kEngineError, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
+    ends = true;
+  } else if (response != nullptr || final) {
+    const std::string failure = TensorFrame(call->id, final ? kEngineFinal : kEngineResponse, response, &frame);
+    if (!failure.empty()) {
+      frame = ErrorFrame(call->id, kEngineError, TRITONSERVER_ERROR_INTERNAL, "llama3_relay: " + failure);
+      ends = true;
+    }
+  }
+  if (response != nullptr) LogFailure(TRITONSERVER_InferenceResponseDelete(response), "engine response");
+  std::lock_guard<std::recursive_mutex> lock(relay->mutex_);
+  if (!call->ended && !frame.empty()) {
+    relay->Queue(call->connection, frame);
+    call->ended = ends;
+  }
+  if (final) {
+    call->complete = true;
+    relay->ForgetIfDone(call);
+  }
+}
+
+void Relay::OnEngineReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
+  EngineCall* call = static_cast<EngineCall*>(userp);
+  std::lock_guard<std::recursive_mutex> lock(call->relay->mutex_);
+  call->released = true;
+  call->relay->ForgetIfDone(call);
+}
+
+// With the lock held.
+void Relay::ForgetIfDone(EngineCall* call) {
+  if (!call->released || !call->complete) return;
+  LogFailure(TRITONSERVER_InferenceRequestDelete(call->request), "engine request");
+  calls_.erase(call->serial);
+}
+
+// The connection is gone: its engine calls are cancelled (nobody reads them). With or without the lock.
+void Relay::StopEngineCalls(int connection) {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& entry : calls_) {
+    EngineCall* call = entry.second.get();
+    if (call->connection != connection) continue;
+    call->connection = -1;
+    if (!call->complete) LogFailure(TRITONSERVER_InferenceRequestCancel(call->request), "cancelling an engine call");
+  }
+}
+
+bool Relay::StopAll() {
+  StopEngineCalls(-1);  // those already cancelled by Python
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (const auto& connection : connections_) StopEngineCalls(connection->fd);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + kUnloadWait;
+  while (std::chrono::steady_clock::now() < deadline) {
+    {
+      std::lock_guard<std::recursive_mutex> lock(mutex_);
+      if (calls_.empty()) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// Queues a frame for a connection and writes what it can at once (with the lock held); dropped when the connection
+// is gone (-1 or closed). What the socket cannot take now the reader writes when it can.
+void Relay::Queue(int fd, const std::vector<char>& frame) {
+  for (const auto& connection : connections_) {
+    if (connection->fd != fd) continue;
+    const bool was_empty = connection->outgoing.empty();
+    connection->outgoing.insert(connection->outgoing.end(), frame.begin(), frame.end());
+    if (was_empty && Flush(connection.get()) && !connection->outgoing.empty()) {
+      (void)!write(wake_[1], "w", 1);  // the reader then polls for the socket to take more
+    }
+    return;
+  }
 }
 
 // A Python process's connection ended (it exited, or a frame was cut): the streams it was sending end now with
@@ -746,25 +1083,14 @@ void Relay::PassOnCancellations() {
   }
 }
 
-// Queues a "cancelled" frame for the stream's connection (the reader writes it: Flush).
-void Relay::TellCancelled(const Stream& stream) {
-  for (Connection& connection : connections_) {
-    if (connection.fd != stream.connection) continue;
-    char frame[13];
-    const uint32_t length = 9;
-    const uint8_t kind = kCancelled;
-    std::memcpy(frame, &length, 4);
-    std::memcpy(frame + 4, &stream.id, 8);
-    std::memcpy(frame + 12, &kind, 1);
-    connection.outgoing.insert(connection.outgoing.end(), frame, frame + sizeof(frame));
-    return;
-  }
-}
+// Tells the stream's process that its client cancelled it (with the lock held).
+void Relay::TellCancelled(const Stream& stream) { Queue(stream.connection, FrameDone(FrameStart(stream.id, kCancelled))); }
 
-// Writes what the connection can take of its outgoing bytes; false when it is broken.
+// Writes what the connection can take of its outgoing bytes (with the lock held); false when it is broken.
 bool Relay::Flush(Connection* connection) {
   while (!connection->outgoing.empty()) {
-    const ssize_t sent = send(connection->fd, connection->outgoing.data(), connection->outgoing.size(), MSG_NOSIGNAL);
+    const ssize_t sent = send(connection->fd, connection->outgoing.data(), connection->outgoing.size(),
+                              MSG_NOSIGNAL | MSG_DONTWAIT);
     if (sent < 0) {
       if (errno == EINTR) continue;
       return errno == EAGAIN || errno == EWOULDBLOCK;  // the rest when poll says it can take more
@@ -788,7 +1114,13 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
-  delete static_cast<Relay*>(state);
+  Relay* relay = static_cast<Relay*>(state);
+  if (relay != nullptr && !relay->StopAll()) {
+    // Triton may still call back into it: leaked rather than freed under those callbacks.
+    Log(TRITONSERVER_LOG_ERROR, "engine calls still running at unload after 30 s; the relay's memory is left allocated");
+    return error;
+  }
+  delete relay;
   return error;
 }
 

@@ -95,6 +95,8 @@ TRITONSERVER_Error* TRITONSERVER_InferenceRequestSetId(TRITONSERVER_InferenceReq
 TRITONSERVER_Error* TRITONSERVER_InferenceRequestAddInput(TRITONSERVER_InferenceRequest* inference_request,
                                                           const char* name, const TRITONSERVER_DataType datatype,
                                                           const int64_t* shape, uint64_t dim_count);
+TRITONSERVER_Error* TRITONSERVER_InferenceRequestAddRequestedOutput(TRITONSERVER_InferenceRequest* inference_request,
+                                                                    const char* name);
 TRITONSERVER_Error* TRITONSERVER_InferenceRequestAppendInputData(TRITONSERVER_InferenceRequest* inference_request,
                                                                  const char* name, const void* base, size_t byte_size,
                                                                  TRITONSERVER_MemoryType memory_type,
@@ -119,6 +121,14 @@ TRITONSERVER_Error* TRITONSERVER_ServerInferAsync(TRITONSERVER_Server* server,
                                                   TRITONSERVER_InferenceTrace* trace);
 TRITONSERVER_Error* TRITONSERVER_InferenceResponseDelete(TRITONSERVER_InferenceResponse* inference_response);
 TRITONSERVER_Error* TRITONSERVER_InferenceResponseError(TRITONSERVER_InferenceResponse* inference_response);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutputCount(TRITONSERVER_InferenceResponse* inference_response,
+                                                              uint32_t* count);
+TRITONSERVER_Error* TRITONSERVER_InferenceResponseOutput(TRITONSERVER_InferenceResponse* inference_response,
+                                                         const uint32_t index, const char** name,
+                                                         TRITONSERVER_DataType* datatype, const int64_t** shape,
+                                                         uint64_t* dim_count, const void** base, size_t* byte_size,
+                                                         TRITONSERVER_MemoryType* memory_type, int64_t* memory_type_id,
+                                                         void** userp);
 
 // tritonbackend.h
 TRITONSERVER_Error* TRITONBACKEND_ModelName(TRITONBACKEND_Model* model, const char** name);

@@ -77,12 +77,13 @@ class TritonPythonModel:
         workers = int(params.get("max_concurrent_requests", "256"))
         self.requests = RequestPool(workers, int(params.get("max_queued_requests", "256")), "bls")
         self.responses = ResponseLoop(threads=SENDING_THREADS)
-        self.relays = RelayConnections()
+        # Engine responses read from a relay connection are sent like an HTTP sweep's (bls.relay).
+        self.relays = RelayConnections(after_sweep=self._send_waiting)
         self.merge = partial(merge_streamed, accumulate=self.config.accumulate_tokens)
+        self.engine_streams = (self._engine_streams(params, workers * _instances(model_config), self._send_waiting)
+                               if self.config.decoupled else None)
         self.generator = TextGenerator(
-            self.config, ChildModels(self._engine_streams(params, workers * _instances(model_config),
-                                                          self._send_waiting)
-                                     if self.config.decoupled else None),
+            self.config, ChildModels(self.engine_streams),
             TokenizerBundle.from_dir(HERE / params["tokenizer_dir"]), self._observer(),
             row_pool=ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row"),
         )
@@ -144,7 +145,10 @@ class TritonPythonModel:
             relayed = RelayedRequest.from_parameters(request_parameters(request))
         if relayed is None:
             return SafeSender(request, MODEL)
-        return RelayedSender(request, MODEL, relayed, self.relays.get(relayed.socket_name))
+        connection = self.relays.get(relayed.socket_name)
+        if self.engine_streams is not None:
+            self.engine_streams.use_relay(connection)  # its engine streams too, from now on (bls.engine_streams)
+        return RelayedSender(request, MODEL, relayed, connection)
 
     def _serve(self, request, sender, arrived):
         try:
