@@ -238,8 +238,8 @@ class RelayConnection:
 
     While corked (RelayConnections.corked), frames gather and go out in one write when it ends: the engine reader
     sends a sweep's responses of many streams so, one system call for all (a final frame, and what gathered
-    before it, is written at once: the child request may complete only after it). A thread reads what the relay
-    writes back: which claimed streams were cancelled."""
+    before it, is written at once: the child request may complete only after it). A thread (`relay-reader`) reads
+    what the relay writes back: which claimed streams were cancelled, and the engine calls' responses."""
 
     SWEEP_S = 0.002  # while engine responses keep coming, read at most this often (bls.engine_http says why)
 
