@@ -47,9 +47,9 @@ MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the 
 # requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
 # unload through the repository API waits until every response sender is released.
 UNLOAD_WAIT_S = 10.0
-# Threads that send what this instance's other threads queue (bls.response_loop: the engine's HTTP stream
-# reader, which carries most streamed tokens, sends its own; gRPC engine streams, speculative decoding rounds and
-# final responses come from other threads). Sends are serialised (PB_LOCK), but each
+# Threads that send what this instance's other threads queue (bls.response_loop: the thread that reads the engine's
+# responses, from the relay's connection or the HTTP streams, carries most streamed tokens and sends its own; gRPC
+# engine streams, speculative decoding rounds and final responses come from other threads). Sends are serialised (PB_LOCK), but each
 # is a round trip to tritonserver after which the thread must win the GIL back from the streams' threads:
 # with one thread that wait was most of a send under load (soak, 256 clients on 2 cores: 0.8 s between a
 # stream's responses); with four, one sends while the others wait for the GIL (0.15 s).
