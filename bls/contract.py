@@ -26,11 +26,11 @@ class TensorSpec:
     allow_ragged_batch: bool = False
     extension: bool = False
 
-    def to_pbtxt(self, is_output: bool = False) -> str:
+    def to_pbtxt(self, is_output: bool = False, reshape: bool = True) -> str:
         fields = [f'name: "{self.name}"', f"data_type: {self.data_type}", f"dims: [ {', '.join(map(str, self.dims))} ]"]
         if is_output:
             return "  {\n    " + "\n    ".join(fields) + "\n  }"
-        if self.reshape_scalar:
+        if self.reshape_scalar and reshape:
             fields.append("reshape: { shape: [ ] }")
         if self.optional:
             fields.append("optional: true")
@@ -57,8 +57,10 @@ class ModelContract:
                 return spec
         raise KeyError(name)
 
-    def to_pbtxt(self) -> str:
-        inputs = ",\n".join(s.to_pbtxt() for s in self.inputs)
+    def to_pbtxt(self, reshape: bool = True) -> str:
+        """The config's input and output blocks; reshape=False leaves out the inputs' reshapes (a relay's config:
+        it forwards each input in the shape it sees, which its Python model's config then reshapes)."""
+        inputs = ",\n".join(s.to_pbtxt(reshape=reshape) for s in self.inputs)
         outputs = ",\n".join(s.to_pbtxt(is_output=True) for s in self.outputs)
         return f"input [\n{inputs}\n]\noutput [\n{outputs}\n]"
 

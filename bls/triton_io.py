@@ -310,6 +310,10 @@ class RelayedSender(SafeSender):
     def send_error(self, error: BaseException) -> None:
         self._write(error_frame(self._stream, *error_status(error, self._model_name)), final=True)
 
+    def finish(self) -> None:
+        """Close the stream with a final response without outputs (no-op if already closed)."""
+        self.send_built(encode_tensors({}), final=True)
+
     def _write(self, frame: bytes, final: bool) -> None:
         with self._ending:
             if self._closed:

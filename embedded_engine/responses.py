@@ -18,8 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Mapping, Protocol
+from typing import Callable, ContextManager, Mapping, Protocol
 
 import numpy as np
 
@@ -254,8 +255,11 @@ class ResponseDispatcher:
 
     BACKLOG_STEPS = 2
 
-    def __init__(self, merge: bool = False) -> None:
+    def __init__(self, merge: bool = False, corked: Callable[[], ContextManager[None]] = nullcontext) -> None:
+        """`corked()`: held while a round is sent (the relay's RelayConnections.corked: a round's responses go to
+        the relay in one write, and out of tritonserver back to back, as the C++ backend sends a step's)."""
         self._merge = merge
+        self._corked = corked
         # Streams with events to send, in the order the next round serves them (after first responses).
         self._pending: dict[int, tuple[TritonRequestStream, deque[EngineEvent]]] = {}
         self._backlog = 0  # events submitted and not yet sent
@@ -318,11 +322,12 @@ class ResponseDispatcher:
                     if events:
                         self._pending[key] = entry
                     rounds.append((stream, taken))
-            for stream, taken in rounds:
-                stream.on_event(merge_events(taken) if self._merge else taken[0])
-                with self._wakeup:
-                    self._backlog -= len(taken)
-                    # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
-                    # thread costs this one the GIL.
-                    if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:
-                        self._wakeup.notify_all()
+            with self._corked():
+                for stream, taken in rounds:
+                    stream.on_event(merge_events(taken) if self._merge else taken[0])
+                    with self._wakeup:
+                        self._backlog -= len(taken)
+                        # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
+                        # thread costs this one the GIL.
+                        if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:
+                            self._wakeup.notify_all()

@@ -20,6 +20,9 @@ PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # (which need the `tensorrt_llm_model_name` value).
 TENSORS_KEY = "tensors"
 ENSEMBLE_KEY = "ensemble_scheduling"
+# A relay (relay/relay.cc) forwards each input in the shape its backend sees, after its config's reshapes: its
+# config declares the tensors without them, and the Python model behind it applies its own.
+RELAY_BACKEND = 'backend: "llama3_relay"'
 
 
 class TemplateError(ValueError):
@@ -84,7 +87,7 @@ def render_model_config(template: Path, values: Mapping[str, object], contract_n
     if TENSORS_KEY in placeholders(text):
         if contract_name not in CONTRACTS:
             raise TemplateError(f"{template}: uses ${{{TENSORS_KEY}}} but no contract named {contract_name!r}")
-        values[TENSORS_KEY] = CONTRACTS[contract_name].to_pbtxt()
+        values[TENSORS_KEY] = CONTRACTS[contract_name].to_pbtxt(reshape=RELAY_BACKEND not in text)
     if ENSEMBLE_KEY in placeholders(text):
         values[ENSEMBLE_KEY] = ensemble_scheduling_pbtxt(values.pop("tensorrt_llm_model_name"))
     rendered = render_template(text, values, str(template))

@@ -102,6 +102,10 @@ class RepositorySettings:
     merge_streamed_tokens: bool = False
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     engine_instance_count: int = 1  # > 1 only with synthetic (benchmark stand-ins): see embedded.config.pbtxt
+    # Synthetic only (the benchmark stand-in): the relay in front of the embedded engine, which then runs as
+    # `<name>_python`, so that its responses leave tritonserver from C++, a step's back to back, as TensorRT-LLM's
+    # C++ backend sends them (from Python each costs the stub's send: a step's responses trickle out over ms).
+    engine_relay: bool = False
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
@@ -192,7 +196,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
 def _use_relay(settings: RepositorySettings) -> bool:
     if settings.relay == "off" or not settings.decoupled:
         return False
-    if shutil.which(_compiler()):
+    if can_compile_relay():
         return True
     if settings.relay == "on":
         raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
@@ -206,6 +210,11 @@ def _use_relay(settings: RepositorySettings) -> bool:
 
 def _compiler() -> str:
     return os.environ.get("CXX") or "g++"
+
+
+def can_compile_relay() -> bool:
+    """Whether this machine can build the relay (a C++ compiler, CXX or g++, on PATH)."""
+    return shutil.which(_compiler()) is not None
 
 
 def compile_relay(library: Path) -> None:
@@ -246,13 +255,17 @@ def _prepare_output_dir(out: Path) -> None:
 
 def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt",
                  source_name: str | None = None, vendored: tuple[str, ...] = ("bls",),
-                 tokenizer: Path | None = None, contract_name: str | None = None) -> Path:
-    """A model folder: its `1/` files, the library packages it imports and its tokenizer files copied in
-    beside them (so the repository serves without this checkout), and its rendered, validated config."""
+                 tokenizer: Path | None = None, contract_name: str | None = None, version_files: bool = True) -> Path:
+    """A model folder: its `1/` files (an empty `1/` without version_files), the library packages it imports and
+    its tokenizer files copied in beside them (so the repository serves without this checkout), and its rendered,
+    validated config."""
     source = TEMPLATES / (source_name or name)
     target = out / name
     ignore = shutil.ignore_patterns("__pycache__", ".gitkeep")
-    shutil.copytree(source / "1", target / "1", ignore=ignore)
+    if version_files:
+        shutil.copytree(source / "1", target / "1", ignore=ignore)
+    else:
+        (target / "1").mkdir(parents=True)
     for package in vendored:
         shutil.copytree(PROJECT_ROOT / package, target / "1" / package, ignore=ignore)
     if tokenizer is not None:
@@ -275,8 +288,20 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         if settings.engine_instance_count > 1 and not settings.synthetic:
             raise RepositoryError("engine_instance_count > 1 is for the synthetic benchmark engine only: a `stop` "
                                   "(cancellation) must reach the instance that holds the sequence")
-        target = _write_model(out, name, vendored=("bls", "embedded_engine"), values={
+        python_name = name
+        if settings.engine_relay:
+            if not (settings.synthetic and settings.decoupled):
+                raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
+            python_name = f"{name}_python"
+            relay = _write_model(out, name, version_files=False, values={
+                "model_name": name,
+                "triton_max_batch_size": settings.triton_max_batch_size,
+                "python_model_name": python_name,
+            }, template_name="relay.config.pbtxt", source_name=TARGET_MODEL)
+            compile_relay(relay / "1" / RELAY_LIBRARY)
+        target = _write_model(out, python_name, vendored=("bls", "embedded_engine"), values={
             **common,
+            "model_name": python_name,
             "checkpoint_dir": CHECKPOINT_DIR,
             "max_seq_len": settings.max_seq_len,
             "max_draft_len": 0 if is_draft or not settings.draft else settings.max_draft_len,

@@ -72,7 +72,10 @@ namespace {
 constexpr const char* kStreamParameter = "llama3_relay_stream";
 constexpr const char* kSocketParameter = "llama3_relay_socket";
 constexpr auto kCancellationPeriod = std::chrono::milliseconds(100);
-constexpr const char* kThreadName = "llama3_relay";  // what the bench's CPU accounting looks for (testkit)
+// The reader thread's name unless the config's `thread_name` parameter gives another: the bench's CPU accounting
+// tells relays apart by it (testkit/processes.py), e.g. the BLS's from the one in front of the benchmark engine.
+constexpr const char* kDefaultThreadName = "llama3_relay";
+constexpr size_t kMaxThreadName = 15;  // Linux's limit, without the NUL
 constexpr uint32_t kMaxFrameBytes = 1u << 30;  // a frame claiming more is a broken connection, not a response
 enum FrameKind : uint8_t {
   kResponse = 0, kFinalResponse = 1, kError = 2, kClaim = 3, kCancelled = 4,
@@ -117,6 +120,7 @@ struct Stream {
   bool child_started = false;  // handed to Triton (only then can it be cancelled)
   std::unordered_set<std::string> requested;         // outputs the client asked for (Triton lists all if none)
   bool child_complete = false;  // the child's final response (or error) has come
+  uint64_t completion = 0;  // when it came, in Relay::completions_ (which orphans a reader pass may end)
   bool cancel_passed_on = false;
   int connection = -1;  // the connection that claimed it (a stream's frames all come on one)
 };
@@ -311,7 +315,7 @@ class Relay {
   void TellCancelled(const Stream& stream);
   bool Flush(Connection* connection);
   void EndStreamsOf(int connection);
-  void EndOrphans();
+  void EndOrphans(uint64_t completed_by);
   // Ends every unfinished stream that `matches` with the error; how many it ended.
   size_t EndStreams(const std::function<bool(const Stream&)>& matches, TRITONSERVER_Error_Code code,
                     const std::string& message);
@@ -334,6 +338,7 @@ class Relay {
   std::vector<std::unique_ptr<Connection>> connections_;
   std::unordered_map<uint64_t, std::unique_ptr<Stream>> streams_;
   uint64_t next_stream_ = 1;
+  uint64_t completions_ = 0;  // children completed so far (Stream::completion)
   std::unordered_map<uint64_t, std::unique_ptr<EngineCall>> calls_;
   uint64_t next_call_ = 1;
 
@@ -407,13 +412,23 @@ TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
   const char* json = nullptr;
   size_t json_size = 0;
   error = TRITONSERVER_MessageSerializeToJson(config, &json, &json_size);
-  if (error == nullptr) relay->python_model_ = ConfigParameter(std::string(json, json_size), "python_model_name");
+  std::string thread_name;
+  if (error == nullptr) {
+    relay->python_model_ = ConfigParameter(std::string(json, json_size), "python_model_name");
+    thread_name = ConfigParameter(std::string(json, json_size), "thread_name");
+  }
   LogFailure(TRITONSERVER_MessageDelete(config), "model config");
   if (error != nullptr) return error;
   if (relay->python_model_.empty()) {
     return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
                                  "llama3_relay: config.pbtxt needs the parameter python_model_name (the model whose "
                                  "responses this one sends)");
+  }
+  if (thread_name.empty()) thread_name = kDefaultThreadName;
+  if (thread_name.size() > kMaxThreadName) {
+    return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                 ("llama3_relay: the parameter thread_name '" + thread_name + "' is longer than " +
+                                  std::to_string(kMaxThreadName) + " characters").c_str());
   }
   error = TRITONSERVER_ResponseAllocatorNew(&relay->allocator_, RefuseAllocation, ReleaseNothing, nullptr);
   if (error != nullptr) return error;
@@ -432,7 +447,7 @@ TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
       }
     }
   });
-  pthread_setname_np(relay->reader_.native_handle(), kThreadName);
+  pthread_setname_np(relay->reader_.native_handle(), thread_name.c_str());
   Log(TRITONSERVER_LOG_INFO, relay->model_name_ + ": sends the responses of " + relay->python_model_ +
                                  " (Python processes connect to the abstract socket @" + relay->socket_name_ + ")");
   *out = relay.release();
@@ -632,6 +647,7 @@ void Relay::OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint
     if (response != nullptr) LogFailure(TRITONSERVER_InferenceResponseDelete(response), "child response");
     if ((flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0) {
       stream->child_complete = true;
+      stream->completion = ++relay->completions_;
       // Its final frame was written before the child completed: the reader finds it or ends the stream.
       wake = stream->factory != nullptr;
       relay->ReleaseIfDone(stream, &to_release);
@@ -723,12 +739,16 @@ void Relay::SendFrame(Stream* stream, uint8_t kind, const std::vector<char>& bod
     failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, tensor.name.c_str(),
                                                    static_cast<TRITONSERVER_DataType>(tensor.datatype), tensor.shape,
                                                    tensor.dims));
-    if (failure.empty() && tensor.length > 0) {
+    // A buffer even for an empty tensor (a stopped stream's last output_ids), as the Python backend asks for one:
+    // Triton's gRPC frontend adds a tensor's raw contents when its buffer is allocated, and a response with an
+    // output but no contents fails in the client ("response output count mismatch").
+    if (failure.empty()) {
       failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, tensor.length, &memory_type, &memory_type_id));
-      if (failure.empty() && memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
+      if (failure.empty() && tensor.length > 0 && memory_type != TRITONSERVER_MEMORY_CPU &&
+          memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
         failure = "output " + tensor.name + " was given memory outside the CPU";
       }
-      if (failure.empty()) std::memcpy(buffer, body.data() + tensor.data, tensor.length);
+      if (failure.empty() && tensor.length > 0) std::memcpy(buffer, body.data() + tensor.data, tensor.length);
     }
   }
   TRITONSERVER_Error* error =
@@ -765,6 +785,14 @@ void Relay::Read() {
     }
     woken = true;
   }
+  // The children completed by now wrote their final frames before they completed: the reads below find them. One
+  // that completes while they read may have written after its connection was read: the next pass (its wake-up)
+  // looks for its frame, so this pass must not call it an orphan.
+  uint64_t completed_by;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    completed_by = completions_;
+  }
   if ((fds[1].revents & POLLIN) != 0 || woken) {  // woken: a connection may have come after the poll looked
     int fd;
     while ((fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC)) >= 0) {
@@ -773,17 +801,24 @@ void Relay::Read() {
       connections_.back()->fd = fd;
     }
   }
-  // Every connection is read to its end when woken: a completed child's final frame is in one of them. Only the
-  // reader adds or removes connections, so the ones polled are connections_[0, polled) still.
+  // Every connection is read to its end when woken: a completed child's final frame is in one of them, also in a
+  // connection accepted just now (a process's first: its claim, frames and final frame may all be there already).
+  // Only the reader adds or removes connections, so the ones polled are connections_[0, polled) still, and the
+  // ones accepted since follow them.
   const size_t polled = fds.size() - 2;
+  size_t count;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    count = connections_.size();
+  }
   std::vector<Connection*> broken;
-  for (size_t i = 0; i < polled; ++i) {
+  for (size_t i = 0; i < count; ++i) {
     Connection* connection;
     {
       std::lock_guard<std::recursive_mutex> lock(mutex_);
       connection = connections_[i].get();
     }
-    const bool readable = fds[i + 2].revents != 0;
+    const bool readable = i >= polled || fds[i + 2].revents != 0;
     bool open = !(readable || woken) || Drain(connection);
     if (open) {
       std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -804,7 +839,7 @@ void Relay::Read() {
     }
     close(fd);
   }
-  if (woken) EndOrphans();
+  if (woken) EndOrphans(completed_by);
 }
 
 // Reads what the connection has and handles its whole frames; false when it is closed or broken.
@@ -1042,8 +1077,9 @@ void Relay::EndStreamsOf(int connection) {
 }
 
 // Streams whose child completed without a final frame, now that every frame written before it was read.
-void Relay::EndOrphans() {
-  EndStreams([](const Stream& stream) { return stream.child_complete; }, TRITONSERVER_ERROR_INTERNAL,
+void Relay::EndOrphans(uint64_t completed_by) {
+  EndStreams([completed_by](const Stream& stream) { return stream.child_complete && stream.completion <= completed_by; },
+             TRITONSERVER_ERROR_INTERNAL,
              model_name_ + ": " + python_model_ + " completed the request without a final response");
 }
 

@@ -8,8 +8,10 @@ from pathlib import Path
 import psutil
 
 STUB_NAME = "triton_python_backend_stub"
-# The relay's thread in tritonserver (relay/relay.cc kThreadName): its CPU is the relayed BLS's sending.
+# The relays' threads in tritonserver (relay/relay.cc, its thread_name): the BLS's, whose CPU is the relayed BLS's
+# sending, and the one in front of the benchmark engine (model_repository/tensorrt_llm/relay.config.pbtxt), the engine's.
 RELAY_THREAD = "llama3_relay"
+ENGINE_RELAY_THREAD = "engine_relay"
 # Python backend stub argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir
 # ipc_handle instance_name ...
 _STUB_INSTANCE_ARG = 8
@@ -49,8 +51,8 @@ def stub_process(server_pid: int, instance: str) -> psutil.Process:
 
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
-    """CPU seconds so far (user + system) of the server, of each stub, and of the relay's thread in the server
-    (under RELAY_THREAD, where there is one; the server's figure includes it)."""
+    """CPU seconds so far (user + system) of the server, of each stub, and of the relays' threads in the server
+    (under RELAY_THREAD and ENGINE_RELAY_THREAD, where there are such; the server's figure includes them)."""
     seconds = {}
     for name, process in triton_processes(server_pid).items():
         try:
@@ -61,8 +63,9 @@ def cpu_seconds(server_pid: int) -> dict[str, float]:
     try:
         for thread in psutil.Process(server_pid).threads():
             comm = Path(f"/proc/{server_pid}/task/{thread.id}/comm")
-            if comm.is_file() and comm.read_text().strip() == RELAY_THREAD:
-                seconds[RELAY_THREAD] = thread.user_time + thread.system_time
+            name = comm.read_text().strip() if comm.is_file() else ""
+            if name in (RELAY_THREAD, ENGINE_RELAY_THREAD):
+                seconds[name] = thread.user_time + thread.system_time
     except (psutil.Error, OSError):
         pass
     return seconds

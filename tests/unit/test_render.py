@@ -70,6 +70,32 @@ def test_embedded_repository_renders_every_model(tmp_path):
     assert (repo / "tensorrt_llm_bls" / "1" / "libtriton_llama3_relay.so").is_file()
 
 
+def test_the_benchmark_engine_behind_its_relay_keeps_the_engine_contract(tmp_path):
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
+        synthetic=True, engine_relay=True, engine_instance_count=3))
+    relay = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "relay")
+    engine = parse_model_config((repo / "tensorrt_llm_python" / "config.pbtxt").read_text(), "engine")
+    assert relay.backend == "llama3_relay" and engine.backend == "python" and engine.name == "tensorrt_llm_python"
+    assert relay.parameters["python_model_name"].string_value == "tensorrt_llm_python"
+    assert relay.parameters["thread_name"].string_value == "engine_relay"
+    assert engine.instance_group[0].count == 3 and relay.instance_group[0].count == 1
+    assert [i.name for i in relay.input] == [i.name for i in engine.input]
+    assert [o.name for o in relay.output] == [o.name for o in engine.output]
+    # The relay forwards inputs in the shape it sees: it must not reshape them, the engine's own config does.
+    assert not any(i.HasField("reshape") for i in relay.input)
+    assert engine.input[[i.name for i in engine.input].index("request_output_len")].HasField("reshape")
+    assert (repo / "tensorrt_llm" / "1" / "libtriton_llama3_relay.so").is_file()
+    assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
+
+
+def test_the_engine_relay_is_for_the_synthetic_benchmark_engine_only(tmp_path):
+    with pytest.raises(RepositoryError, match="engine_relay"):
+        assemble_repository(tmp_path / "repo", RepositorySettings(
+            engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"),
+            target=_fake_checkpoint(tmp_path / "t"), engine_relay=True))
+
+
 @pytest.mark.parametrize("overrides", [{"relay": "off"}, {"decoupled": False}])
 def test_without_the_relay_the_python_bls_is_tensorrt_llm_bls(tmp_path, overrides):
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(

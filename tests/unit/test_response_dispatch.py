@@ -180,3 +180,36 @@ def test_a_backlog_goes_out_one_response_per_stream_per_round():
     assert order[:3] == [("a", 1), ("b", 11), ("a", 2)]  # a2 was being sent while the backlog built up
     # then rounds of one response per stream, the stream still waiting for its first response first
     assert order[3:] == [("c", 21), ("a", 3), ("b", 12), ("c", 22), ("a", 4), ("b", 13), ("a", 5), ("b", 14)]
+
+
+def test_a_round_is_sent_inside_one_cork():
+    """Behind the relay a round's responses go to it in one write (the dispatcher holds `corked()` while it
+    sends a round), as the C++ backend sends a step's responses back to back."""
+    held = []  # True for each send made while corked
+    corked_now = [False]
+
+    class Cork:
+        def __enter__(self):
+            corked_now[0] = True
+
+        def __exit__(self, *exc):
+            corked_now[0] = False
+
+    class Recorder(SlowSender):
+        def send(self, outputs, final=False):
+            held.append(corked_now[0])
+            if final:
+                self.done.set()
+
+    reqs = [request(request_id=str(i)) for i in range(3)]
+    senders = [Recorder() for _ in reqs]
+    dispatcher = ResponseDispatcher(corked=Cork)
+    try:
+        for req, sender in zip(reqs, senders):
+            stream = TritonRequestStream([req], sender, vocab_size=10)
+            dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
+            dispatcher.submit(stream, EngineEvent(req, token_ids=[2], finished=True, finish_reason="length"))
+        assert all(sender.done.wait(5) for sender in senders)
+    finally:
+        dispatcher.shutdown()
+    assert len(held) == 6 and all(held)

@@ -27,8 +27,11 @@ sys.path.insert(0, str(HERE))
 from bls.cancellation import PROCESS_CHECKS  # noqa: E402
 from bls.contract import TENSORRT_LLM, ModelContract  # noqa: E402
 from bls.errors import InvalidRequest  # noqa: E402
+from bls.relay import RelayConnections, RelayedRequest  # noqa: E402
 from bls.triton_io import (  # noqa: E402
+    PB_LOCK,
     Metrics,
+    RelayedSender,
     SafeSender,
     check_shipped_files,
     error_response,
@@ -36,6 +39,7 @@ from bls.triton_io import (  # noqa: E402
     model_parameters,
     parse_bool,
     read_inputs,
+    request_parameters,
 )
 from embedded_engine.request import is_stop_request, parse_generation_requests  # noqa: E402
 from embedded_engine.responses import (  # noqa: E402
@@ -76,9 +80,13 @@ class TritonPythonModel:
             max_queued_requests=int(params.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS)),
             step_ms=float(params.get("step_ms", 0)),
         )
+        # Behind a relay (the benchmark stand-in, RepositorySettings.engine_relay) responses go to it as frames,
+        # a round of them in one write, and leave tritonserver from C++ as the C++ backend sends a step's.
+        self._relays = RelayConnections()
         # false (default): one response per engine step, as TensorRT-LLM streams; true: merge what waits.
         self._dispatcher = ResponseDispatcher(
-            merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"))
+            merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"),
+            corked=self._relays.corked)
         # A paced engine (step_ms, GPU-like steps) does not run ahead of its sending: the bound keeps the 2-core
         # soak from queueing responses for seconds. The unpaced benchmark floor keeps running ahead: on 16 cores
         # the bound cost the floor and the BLS behind it a third (operations.md, issue 11), not yet understood.
@@ -99,7 +107,7 @@ class TritonPythonModel:
         arrival_ns = time.time_ns()
         if self._decoupled:
             for request in requests:
-                sender = SafeSender(request, self._name)
+                sender = self._sender(request)
                 self._submit(request, sender, sender.is_cancelled, arrival_ns)
             return None
         collectors = []
@@ -126,6 +134,14 @@ class TritonPythonModel:
         self._engine.shutdown()
         self._dispatcher.shutdown()
         self._metrics.close()
+        self._relays.close()
+
+    def _sender(self, request: Any) -> SafeSender:
+        with PB_LOCK:
+            relayed = RelayedRequest.from_parameters(request_parameters(request))
+        if relayed is None:
+            return SafeSender(request, self._name)
+        return RelayedSender(request, self._name, relayed, self._relays.get(relayed.socket_name))
 
     def _submit(self, request: Any, sender: ResponseSender, is_cancelled: Callable[[], bool], arrival_ns: int) -> None:
         """Parse and enqueue one Triton request; every failure ends its stream with an error response."""
