@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="short runs for development (noisy numbers)")
     parser.add_argument("--out", type=Path, default=Path("build/bench"), help="variants, server logs, results.json")
     parser.add_argument("--engine-instances", type=int, default=1,
-                        help="section streaming: instances of the synthetic engine (many-core hosts: enough that "
-                             "the engine stand-in is not the bottleneck)")
+                        help="section streaming, throughput runs: instances of the synthetic engine (many-core "
+                             "hosts: enough that the engine stand-in is not the bottleneck; the paced runs use one, "
+                             "as a GPU engine steps every stream at once)")
     parser.add_argument("--bls-instances", type=int, help="section streaming: BLS instances (default: the repository's)")
     parser.add_argument("--engine-step-ms", type=float, default=0.0,
                         help="section streaming: the engine's least step time in the throughput runs (default 0: as "

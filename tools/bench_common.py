@@ -80,7 +80,7 @@ class BenchContext:
     repo: Path  # the default (real) repository
     work_dir: Path  # build/bench
     quick: bool
-    engine_instances: int = 1  # instances of the synthetic engine in section "streaming"
+    engine_instances: int = 1  # instances of the synthetic engine in section "streaming"'s throughput runs
     bls_instances: int | None = None  # None: the repository's default
     engine_step_ms: float = 0.0  # section "streaming", throughput runs: the synthetic engine's least step time
     paced_streams: tuple[int, ...] = (64,)  # section "streaming": concurrencies of the runs paced like a GPU
