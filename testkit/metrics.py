@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import urllib.request
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -34,3 +35,14 @@ def metric_sum(metrics_url: str, name: str, model: str) -> float:
     nv_inference_request_failure has one sample per `reason`)."""
     return sum(sample.value for family in text_string_to_metric_families(scrape(metrics_url))
                for sample in family.samples if sample.name == name and sample.labels.get("model") == model)
+
+
+def wait_for_value(metrics_url: str, name: str, model: str, value: float, timeout_s: float = 10.0) -> bool:
+    """Whether the sample of `name` for `model` equals `value` within timeout_s (polled every 0.1 s): model
+    processes hand Triton their metric updates asynchronously."""
+    deadline = time.monotonic() + timeout_s
+    while metric_value(metrics_url, name, model) != value:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True

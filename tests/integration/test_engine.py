@@ -17,7 +17,7 @@ import pytest
 
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate
-from testkit.metrics import metric_value
+from testkit.metrics import metric_value, wait_for_value
 
 ENGINE = "tensorrt_llm"
 OUTPUTS = ["output_ids", "sequence_length"]
@@ -136,10 +136,8 @@ def test_draft_tokens_are_verified(endpoint, prompt, reference_model):
     result = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(
         prompt, 5, draft_input_ids=np.array([draft], dtype=np.int32), exclude_input_in_output=True), OUTPUTS)
     assert streamed_tokens(result) == expected[:5]
-    deadline = time.monotonic() + 5
-    while _metric(endpoint, "embedded_engine_accepted_draft_tokens_total") != accepted_before + 3:
-        assert time.monotonic() < deadline, "accepted-draft counter did not count the 3 matching tokens"
-        time.sleep(0.1)
+    assert wait_for_value(endpoint.metrics, "embedded_engine_accepted_draft_tokens_total", ENGINE, accepted_before + 3,
+                          timeout_s=5), "accepted-draft counter did not count the 3 matching tokens"
 
 
 def test_concurrent_streams_progress_together(endpoint, prompt):
@@ -161,23 +159,11 @@ def test_concurrent_streams_progress_together(endpoint, prompt):
     assert all(times[0] < first_finish for times in arrivals.values())
 
 
-def _active_sequences(endpoint) -> float:
-    return _metric(endpoint, "embedded_engine_active_sequences")
-
-
-def _wait_idle(endpoint, timeout=10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _active_sequences(endpoint) == 0:
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_client_cancellation_stops_the_engine(endpoint, prompt, reference_model):
     result = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(prompt, 3000, streaming=True), OUTPUTS, cancel_after=3)
     assert len(result.responses) == 3 and not result.completed
-    assert _wait_idle(endpoint), "the engine kept generating for a cancelled request"
+    assert wait_for_value(endpoint.metrics, "embedded_engine_active_sequences", ENGINE, 0), \
+        "the engine kept generating for a cancelled request"
 
 
 def test_stop_request_ends_the_running_request(endpoint, prompt):

@@ -20,7 +20,7 @@ from engine_build.repository import can_compile_relay
 from embedded_engine.synthetic import TEXT_CYCLE
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
-from testkit.metrics import metric_value
+from testkit.metrics import wait_for_value
 from tests.integration.conftest import built_repository_server
 from tests.integration.test_bls import BLS, PROMPTS, streamed_text
 from tests.integration.test_engine import ENGINE, OUTPUTS, engine_inputs, streamed_tokens
@@ -38,19 +38,6 @@ def server(request, tmp_path_factory):
     with built_repository_server(request, tmp_path_factory, "engine-relay", synthetic=True, engine_relay=True,
                                  step_ms=5.0) as server:
         yield server
-
-
-def _active_sequences(server) -> float:
-    return metric_value(server.metrics_url, "embedded_engine_active_sequences", ENGINE_PYTHON)
-
-
-def _wait_idle(server, timeout_s=10.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if _active_sequences(server) == 0:
-            return True
-        time.sleep(0.1)
-    return False
 
 
 def test_the_engine_streams_one_response_per_token_with_the_tokens_it_returns_unstreamed(server):
@@ -100,7 +87,8 @@ def test_a_stop_request_ends_the_running_request(server):
 def test_a_cancelled_client_stops_the_engine(server, model, inputs, outputs):
     result = grpc_stream(server.grpc_url, model, inputs, outputs, cancel_after=3)
     assert len(result.responses) == 3 and not result.completed
-    assert _wait_idle(server), "the engine behind its relay kept generating for a cancelled request"
+    assert wait_for_value(server.metrics_url, "embedded_engine_active_sequences", ENGINE_PYTHON, 0), \
+        "the engine behind its relay kept generating for a cancelled request"
 
 
 def test_a_bad_input_is_an_error_naming_the_field_and_the_server_keeps_serving(server):
