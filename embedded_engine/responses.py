@@ -18,9 +18,9 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Mapping, Protocol
+from typing import Callable, ContextManager, Iterator, Mapping, Protocol
 
 import numpy as np
 
@@ -263,6 +263,7 @@ class ResponseDispatcher:
         # Streams with events to send, in the order the next round serves them (after first responses).
         self._pending: dict[int, tuple[TritonRequestStream, deque[EngineEvent]]] = {}
         self._backlog = 0  # events submitted and not yet sent
+        self._in_step = 0  # > 0: an engine step is under way (step()): its events wait for its end
         self._engine_waits_for: int | None = None  # the backlog an engine in wait_for_backlog waits for
         self._wakeup = threading.Condition()
         self._running = True
@@ -277,7 +278,23 @@ class ResponseDispatcher:
                 self._pending[key][1].append(event)
             else:
                 self._pending[key] = (stream, deque([event]))
-            self._wakeup.notify()
+            if not self._in_step:
+                self._wakeup.notify()
+
+    @contextmanager
+    def step(self) -> Iterator[None]:
+        """Held by a paced engine around each step: the step's events go out together when it ends, as a GPU
+        step's tokens do (and as TensorRT-LLM's C++ backend sends them), not one by one while the stand-in computes
+        the step's sequences one after another (a few ms on a CPU: the BLS would wake for every few tokens)."""
+        with self._wakeup:
+            self._in_step += 1
+        try:
+            yield
+        finally:
+            with self._wakeup:
+                self._in_step -= 1
+                if self._pending:
+                    self._wakeup.notify()
 
     def wait_for_backlog(self, events_per_step: int, timeout_s: float = 1.0) -> None:
         """Block (the engine, before a step) while more than BACKLOG_STEPS steps of `events_per_step` responses
@@ -304,7 +321,7 @@ class ResponseDispatcher:
     def _run(self) -> None:
         while True:
             with self._wakeup:
-                while self._running and not self._pending:
+                while self._running and (not self._pending or self._in_step):
                     self._wakeup.wait()
                 if not self._pending:
                     return

@@ -24,8 +24,9 @@ import logging
 import threading
 import time
 from collections import deque
+from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -147,6 +148,9 @@ class Engine:
         # Called before each iteration with the number of active sequences; blocks (bounded) while earlier
         # iterations' responses still wait to be sent (embedded_engine.responses.ResponseDispatcher).
         wait_for_sending: Callable[[int], None] | None = None,
+        # Held around each iteration's sequence steps: a paced engine hands its responses over when the iteration
+        # ends, all at once, as a GPU step's tokens come out together (ResponseDispatcher.step).
+        step_scope: Callable[[], ContextManager[None]] = nullcontext,
     ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
@@ -156,6 +160,7 @@ class Engine:
         self._max_queued = max_queued
         self._step_s = step_s
         self._wait_for_sending = wait_for_sending
+        self._step_scope = step_scope
         self._failure: BaseException | None = None  # why the engine thread died, if it did
         self._draining = False
         self._prefix_cache = PrefixCache(reuse) if reuse else None
@@ -267,11 +272,12 @@ class Engine:
             for sequence in waiting:  # queued requests can be cancelled too
                 if self._cancelled(sequence):
                     self._finish_cancelled(sequence)
-            for sequence in active:
-                if self._cancelled(sequence):
-                    self._finish_cancelled(sequence)
-                else:
-                    self._advance(sequence)
+            with self._step_scope():
+                for sequence in active:
+                    if self._cancelled(sequence):
+                        self._finish_cancelled(sequence)
+                    else:
+                        self._advance(sequence)
             if self._step_s:
                 time.sleep(max(0.0, started + self._step_s - time.monotonic()))
             with self._cond:
@@ -388,7 +394,8 @@ class Engine:
 SYNTHETIC_MAX_SEQ_LEN = 8192
 
 
-def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], None] | None = None) -> Engine:
+def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], None] | None = None,
+                 step_scope: Callable[[], ContextManager[None]] = nullcontext) -> Engine:
     """Load the checkpoint (or the synthetic runner) and start the engine thread."""
     runner: ModelRunner
     if settings.synthetic:
@@ -407,4 +414,4 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
-                  max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending)
+                  max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope)

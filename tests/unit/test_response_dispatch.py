@@ -213,3 +213,23 @@ def test_a_round_is_sent_inside_one_cork():
     finally:
         dispatcher.shutdown()
     assert len(held) == 6 and all(held)
+
+
+def test_a_steps_events_wait_for_the_step_to_end():
+    """Inside step() nothing is sent: a paced engine's step hands its responses over together when it ends."""
+    reqs = [request(request_id=str(i)) for i in range(3)]
+    senders = [SlowSender() for _ in reqs]
+    for sender in senders:
+        sender.release.set()
+    dispatcher = ResponseDispatcher()
+    try:
+        with dispatcher.step():
+            for req, sender in zip(reqs, senders):
+                stream = TritonRequestStream([req], sender, vocab_size=10)
+                dispatcher.submit(stream, EngineEvent(req, token_ids=[1], finished=True, finish_reason="length"))
+            time.sleep(0.2)
+            assert not any(sender.sending.is_set() for sender in senders), "sent before the step ended"
+        assert all(sender.done.wait(5) for sender in senders)
+    finally:
+        dispatcher.shutdown()
+    assert [sender.sent for sender in senders] == [[[1]]] * 3

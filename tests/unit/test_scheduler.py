@@ -162,6 +162,33 @@ def test_cancel_by_request_id_ends_running_and_queued_sequences():
         engine.shutdown()
 
 
+def test_every_steps_events_come_inside_the_step_scope():
+    """A paced engine's step scope (ResponseDispatcher.step) spans every sequence's step of an iteration: the
+    dispatcher then hands a step's responses over together, as a GPU step's tokens come out."""
+    entered = []
+    in_step = [False]
+
+    class Scope:
+        def __enter__(self):
+            in_step[0] = True
+            entered.append(1)
+
+        def __exit__(self, *exc):
+            in_step[0] = False
+
+    inside = []
+    engine = Engine(SyntheticRunner(), EngineLimits(128256, 4096), max_active=2, step_scope=Scope)
+    try:
+        collectors = [Collector(on_each=lambda c, e: inside.append(in_step[0])) for _ in range(2)]
+        for index, collector in enumerate(collectors):
+            engine.submit(make_request([1, 2], 4, f"r{index}", limits=engine.limits), collector)
+        for collector in collectors:
+            assert len(collector.wait().tokens) == 4
+    finally:
+        engine.shutdown()
+    assert len(inside) >= 8 and all(inside) and len(entered) >= 4
+
+
 class CountingRunner(HFModelRunner):
     """The real model, counting forwards and failing on a poisoned prompt token."""
 
