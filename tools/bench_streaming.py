@@ -3,11 +3,12 @@
 The engine is the synthetic embedded engine sending one response per generated token per stream, as
 TensorRT-LLM's C++ backend streams (never merged: `merge_streamed_tokens` is off), so the layers above it
 are loaded the way a GPU deployment loads them. Where the relay compiles (g++) the stand-in runs behind one
-(RepositorySettings.engine_relay): its responses then leave tritonserver from C++, a step's back to back, as the C++
-backend sends them; from its Python stub each costs a synchronous send, so a paced step's responses trickled out
-over several ms and woke the BLS for every few tokens, which no GPU deployment does (README, Benchmarks). Each client streams STREAM_TOKENS tokens, ROUNDS times;
-the floor is what the same clients get from `tensorrt_llm` directly (the engine hop alone). The figure
-that matters is the ratio to that floor; CPU µs per streamed token per process says where time goes.
+(RepositorySettings.engine_relay): its responses then leave tritonserver from C++, a step's back to back, as
+the C++ backend sends them; from its Python stub each costs a synchronous send, so a paced step's responses
+trickled out over several ms and woke the BLS for every few tokens, which no GPU deployment does (README,
+Benchmarks). Each client streams STREAM_TOKENS tokens, ROUNDS times; the floor is what the same clients get
+from `tensorrt_llm` directly (the engine hop alone). The figure that matters is the ratio to that floor; CPU µs
+per streamed token per process says where time goes.
 
 Unpaced, every client starts at once (a burst of arrivals), and the stand-in generates as fast as the CPU lets
 it, faster than its own responses go out, so a new stream's first token waits behind queued responses (the

@@ -7,7 +7,8 @@ Starts its own tritonserver on loopback (or uses --server-url host:http_port[,gr
 (HTTP and gRPC), non-streamed ensemble generate, conversations (`messages`), speculative BLS
 (num_draft_tokens 4), clients that disconnect mid-stream (20 %: closed HTTP response, gRPC
 stop_stream(cancel_requests=True)) and ~5 % bad inputs, whose errors are expected and counted apart.
-The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token. Requests
+The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token (from C++
+behind the engine relay where a compiler builds it, as `make bench` serves it). Requests
 refused for capacity (UNAVAILABLE, HTTP 503) are counted as shed: an answer, not a failure.
 
 Exits non-zero when any request failed unexpectedly or hung past --request-timeout, when the engines
@@ -35,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine_build.repository import variant_repository
+from engine_build.repository import can_compile_relay, variant_repository
 from serving.tritonserver import TritonServer, http_queue_warning, http_thread_queue_capacity, is_ready
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, HttpSession, Hung
@@ -45,7 +46,6 @@ from testkit.stats import percentile
 
 BLS = "tensorrt_llm_bls"
 ENSEMBLE = "ensemble"
-ENGINE_MODELS = ("tensorrt_llm", "tensorrt_llm_draft")
 PROMPTS = ("Once upon a time", "Écris un poème sur la mer 🌊", "用中文写一首诗", "def fibonacci(n):",
            "Explain Triton in one line.", "Привет! Как дела?")
 
@@ -292,7 +292,9 @@ def wait_engines_idle(metrics_url: str, timeout_s: float) -> dict[str, float]:
     while True:
         active = metric_values(metrics_url, "embedded_engine_active_sequences")
         queued = metric_values(metrics_url, "embedded_engine_queued_sequences")
-        left = {model: active.get(model, 0) + queued.get(model, 0) for model in ENGINE_MODELS if model in active}
+        # Every model reporting the embedded engine's gauges: tensorrt_llm and its draft, or the Python models
+        # behind their relays (tensorrt_llm_python, ...). A TensorRT-LLM server reports none.
+        left = {model: active[model] + queued.get(model, 0) for model in active}
         if not any(left.values()) or time.monotonic() > deadline:
             return left
         time.sleep(0.5)
@@ -433,12 +435,14 @@ def print_report(report: Report) -> None:
     print(f"TTFT p50 {lat['ttft_p50']} ms, p99 {lat['ttft_p99']} ms ({lat['ttft_samples']} streams); "
           f"inter-token p50 {lat['itl_p50']} ms, p99 {lat['itl_p99']} ms ({lat['itl_samples']} gaps)")
     names = sorted({name for snap in report.memory for name in snap.rss_bytes})
-    print("RSS (MiB)                 " + "".join(f"{s.label:>16s}" for s in report.memory))
-    for name in names + ["total"]:
-        row = [s.total_rss if name == "total" else s.rss_bytes.get(name, 0) for s in report.memory]
-        print(f"  {name:24s}" + "".join(f"{v / 2**20:16.1f}" for v in row))
-    print("  /dev/shm (server)       " + "".join(f"{s.shm_bytes / 2**20:16.1f}" for s in report.memory))
-    print("  /dev/shm (all)          " + "".join(f"{s.dev_shm_used_bytes / 2**20:16.1f}" for s in report.memory))
+    rows = [(name, [s.rss_bytes.get(name, 0) for s in report.memory]) for name in names]
+    rows += [("total", [s.total_rss for s in report.memory]),
+             ("/dev/shm (server)", [s.shm_bytes for s in report.memory]),
+             ("/dev/shm (all)", [s.dev_shm_used_bytes for s in report.memory])]
+    width = max(len(name) for name, _ in rows) + 2
+    print(f"{'RSS (MiB)':{width + 2}s}" + "".join(f"{s.label:>16s}" for s in report.memory))
+    for name, values in rows:
+        print(f"  {name:{width}s}" + "".join(f"{v / 2**20:16.1f}" for v in values))
     print(f"engine sequences after quiesce: {report.engine_sequences_after_quiesce}")
     print(f"tritonserver HTTP thread queue: {report.http_thread_queue} responses (net.core.wmem_default)")
     if report.incidents:
@@ -504,8 +508,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_ms:
             # The engine as a GPU deployment paces it: every active stream gets one token per step, each in
             # its own response; 256 run at once (an engine batch), 64 more may wait, the rest is shed (503).
+            # Behind the engine relay where it compiles, as `make bench` runs it: a step's responses leave
+            # tritonserver from C++, back to back, as TensorRT-LLM's C++ backend sends them.
             repo = variant_repository(repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms,
-                                      merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64)
+                                      merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64,
+                                      engine_relay=can_compile_relay())
+            if not can_compile_relay():
+                print("soak: no C++ compiler: the stand-in engine sends from its Python stub", flush=True)
         with TritonServer(repo, log_path=args.server_log, extra_args=tuple(args.server_arg)) as server:
             target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid)
             report = soak(target, server.is_alive)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import json
 import sys
-from contextlib import nullcontext
 import time
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Callable
 
@@ -91,8 +91,9 @@ class TritonPythonModel:
             merge=parse_bool(params.get("merge_streamed_tokens"), False, "merge_streamed_tokens"),
             corked=self._relays.corked)
         # A paced engine (step_ms, GPU-like steps) hands over each step's responses when the step ends, together,
-        # and does not run ahead of its sending: the bound keeps the 2-core soak from queueing responses for seconds. The unpaced benchmark floor keeps running ahead: on 16 cores
-        # the bound cost the floor and the BLS behind it a third (operations.md, issue 11), not yet understood.
+        # and does not run ahead of its sending: the bound keeps the 2-core soak from queueing responses for
+        # seconds. The unpaced benchmark floor keeps running ahead: on 16 cores the bound cost the floor and the
+        # BLS behind it a third (operations.md, issue 11), not yet understood.
         paced = settings.step_ms > 0
         self._engine = build_engine(settings, wait_for_sending=self._dispatcher.wait_for_backlog if paced else None,
                                     step_scope=self._dispatcher.step if paced else nullcontext)
