@@ -111,7 +111,7 @@ def cmd_assemble(args) -> None:
         engine=args.engine, tokenizer_dir=args.tokenizer, target=args.target, draft=args.draft,
         synthetic=args.synthetic, max_input_len=profile.max_input_len, max_seq_len=profile.max_seq_len,
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
-        world_size=args.tp * args.pp,
+        exclude_input_in_output=args.exclude_input_in_output, world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len,
         **bls_settings(args),
     )
@@ -252,6 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--query-special-tokens", choices=("text", "parse"), default="text",
                        help="text (default): <|...|> strings in text_input stay text; parse: a trusted front end "
                             "(Triton's OpenAI frontend) sends prompts it rendered with the chat template")
+        p.add_argument("--exclude-input-in-output", action=argparse.BooleanOptionalAction, default=False,
+                       help="the engines' default when a request does not say (tensorrt_llm's parameter; upstream's "
+                            "default false: token-level clients get the prompt back in output_ids). The text API "
+                            "never echoes the prompt unless asked, whatever this says")
         _sizes(p, max_draft_len=8)  # used only when a draft model is given
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)

@@ -102,6 +102,7 @@ class GpuPlan:
             max_queue_delay_microseconds=profile.max_queue_delay_microseconds,
             max_input_len=profile.max_input_len, max_seq_len=profile.max_seq_len, max_draft_len=self.max_draft_len,
             decoupled=args.decoupled, query_special_tokens=args.query_special_tokens, world_size=self.world_size,
+            exclude_input_in_output=args.exclude_input_in_output,
             batch_scheduler_policy=profile.batch_scheduler_policy,
             enable_chunked_context=profile.enable_chunked_context,
             enable_kv_cache_reuse=profile.enable_kv_cache_reuse or self.draft_hf is not None,

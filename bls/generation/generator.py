@@ -277,7 +277,7 @@ class TextGenerator:
         prompt = _row_prompt(pre, row)
         result = RowResult(num_input_tokens=len(prompt))
         engine_inputs = _row_engine_inputs(request, pre, row)
-        streamer = _TextStreamer(self.tokenizer, self.config, request, prompt, row) if request.stream else None
+        streamer = _TextStreamer(self.tokenizer, self.config, request, row) if request.stream else None
         details = _EngineDetails(streamed=request.stream)
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
@@ -392,9 +392,13 @@ class TextGenerator:
 class _TextStreamer:
     """Turns streamed token ids into the text_output of each streamed response. With a stream interval > 1
     (BlsConfig.stream_interval) it holds what it made until the held tokens reach the interval; the first
-    response goes at once."""
+    response goes at once.
 
-    def __init__(self, tokenizer, config: BlsConfig, request: TextRequest, prompt: list[int], row: int):
+    A stream carries the generated text only, whatever exclude_input_in_output says, as TensorRT-LLM streams
+    (its LlmRequest::createResult returns a streaming request's tokens from the last one sent, which starts at
+    the prompt's end; NVIDIA's BLS and ensemble stream that, and their clients' --check-outputs expect it)."""
+
+    def __init__(self, tokenizer, config: BlsConfig, request: TextRequest, row: int):
         self._detokenizer = IncrementalDetokenizer(tokenizer, skip_special_tokens=config.skip_special_tokens)
         self._accumulate = config.accumulate_tokens
         self._interval = config.stream_interval
@@ -403,9 +407,8 @@ class _TextStreamer:
         self._send_counts = request.stream_token_counts
         self._batch_index = np.array([[row]], dtype=np.int32) if request.batch_size > 1 else None
         # Held since the last response: text, tokens, and the engine's other outputs (merged as merge_streamed
-        # merges responses). The streamed text must add up to the non-streamed text, which starts with the
-        # prompt when the client asked for it.
-        self._pending = "" if request.exclude_input_in_output else self._detokenizer.push(prompt)
+        # merges responses).
+        self._pending = ""
         self._held_tokens = 0
         self._held_extra: Tensors = {}
         self._sent_any = False

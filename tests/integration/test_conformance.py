@@ -100,6 +100,22 @@ def test_text_output_is_one_string_per_response(endpoint, model, stream):
         assert output.ndim == 1 and output.shape == (1,) and isinstance(output[0].decode("utf-8"), str)
 
 
+@pytest.mark.parametrize("model", TEXT_MODELS)
+def test_prompt_echo_is_for_unstreamed_answers_only(endpoint, model):
+    """What TensorRT-LLM 1.2's end_to_end_grpc_client.py --check-outputs expects: it always sends
+    exclude_input_in_output=false, and expects the prompt before the text when not streaming and the text alone
+    when streaming (the engine's stream starts at the prompt's end: LlmRequest::createResult)."""
+    prompt = "Hello there"
+    inputs = {"text_input": strings(prompt), "max_tokens": np.array([[8]], np.int32),
+              "exclude_input_in_output": np.array([[False]])}
+    texts = {}
+    for stream in (False, True):
+        result = grpc_stream(endpoint.grpc, model, {**inputs, "stream": np.array([[stream]])}, ["text_output"])
+        assert result.error is None and result.completed
+        texts[stream] = "".join(r["text_output"][0].decode("utf-8") for r in result.responses)
+    assert texts[True] and texts[False] == prompt + texts[True]
+
+
 # Triton's OpenAI-compatible frontend (server repo python/openai, r26.07): what
 # _create_trtllm_inference_request builds for a TRT-LLM model, names, dtypes and shapes as it sends them.
 # The prompt is the tokenizer's chat template rendered by the frontend, BOS included.

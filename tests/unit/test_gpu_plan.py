@@ -83,14 +83,16 @@ def no_gpu_work(monkeypatch):
         monkeypatch.setattr(module, name, forbidden)
 
 
-@pytest.mark.parametrize("profile, batch", [("throughput", 256), ("latency", 8)])
-def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, no_gpu_work, profile, batch):
+@pytest.mark.parametrize("profile, batch, exclude_input", [("throughput", 256, False), ("latency", 8, True)])
+def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, no_gpu_work, profile, batch,
+                                                              exclude_input):
     if not (ASSETS / "tiny-target-hf" / "config.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
     repo = tmp_path / "repo"
     cli.main(["repo", "--engine", "trtllm", "--hf-model", str(ASSETS / "tiny-target-hf"),
               "--draft-hf-model", str(ASSETS / "tiny-draft-hf"), "--repo", str(repo), "--assets", str(tmp_path / "a"),
-              "--dry-run", "--gpu-mem-gb", "80", "--tp", "2", "--profile", profile])
+              "--dry-run", "--gpu-mem-gb", "80", "--tp", "2", "--profile", profile,
+              *(["--exclude-input-in-output"] if exclude_input else [])])
     out = capsys.readouterr().out
     assert f"--max_batch_size {batch} " in out and "--max_num_tokens 8192" in out
     assert out.count("trtllm-build --checkpoint_dir") == 2
@@ -105,6 +107,7 @@ def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, 
             assert config.backend == "tensorrtllm" and config.max_batch_size == batch
             assert parameters["enable_chunked_context"] == "true" and parameters["enable_kv_cache_reuse"] == "true"
             assert parameters["gpu_device_ids"] == "0,1"  # orchestrator mode: both models on the TP group
+            assert parameters["exclude_input_in_output"] == str(exclude_input).lower()
     draft = parse_model_config((repo / "tensorrt_llm_draft" / "config.pbtxt").read_text(), "draft")
     manifest = json.loads((repo / "repository.json").read_text())
     assert manifest["engines_built"] is False and manifest["plan"]["profile"]["name"] == profile

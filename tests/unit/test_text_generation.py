@@ -138,10 +138,12 @@ def test_stream_interval_holds_only_streamed_responses(bundle, models):
     assert "".join(text_of(r) for r in sink.responses) == SCRIPT_TEXT
 
 
-def test_prompt_echo_is_part_of_the_stream(bundle, models):
+def test_a_stream_never_echoes_the_prompt(bundle, models):
+    """As TensorRT-LLM streams (and NVIDIA's BLS and clients expect): exclude_input_in_output=false echoes the
+    prompt in a non-streamed answer only."""
     sink = Sink()
     TextGenerator(CONFIG, models, bundle).generate(request(stream=[[True]], exclude_input_in_output=[[False]]), sink)
-    assert "".join(text_of(r) for r in sink.responses) == "Hello" + SCRIPT_TEXT
+    assert "".join(text_of(r) for r in sink.responses) == SCRIPT_TEXT
 
 
 def test_length_finish_reason(bundle, models):
