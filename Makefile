@@ -29,9 +29,9 @@ TP ?= 1
 PP ?= 1
 # DECOUPLED=false: unary (non-streaming) models, for clients that use ModelInfer (upstream's decoupled_mode).
 DECOUPLED ?= true
-# EXCLUDE_INPUT_IN_OUTPUT=true: the engines do not echo the prompt to token-level clients unless asked (NVIDIA's
-# Llama guide's setting; the text API never echoes it unless asked, whatever this says).
-EXCLUDE_INPUT_IN_OUTPUT ?= false
+# EXCLUDE_INPUT_IN_OUTPUT=false: a request that does not say gets the prompt echoed (the backend's own default, for
+# token-level clients that read it back in output_ids); true (default, as NVIDIA's Llama guide): no echo.
+EXCLUDE_INPUT_IN_OUTPUT ?= true
 # QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; see README).
 QUERY_SPECIAL_TOKENS ?= text
 # ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
@@ -101,7 +101,7 @@ repo: setup
 	    $(if $(HF_MODEL),--hf-model $(HF_MODEL)) $(if $(DRAFT_HF_MODEL),--draft-hf-model $(DRAFT_HF_MODEL)) \
 	    --draft-quant $(DRAFT_QUANT) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
-	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter true,$(EXCLUDE_INPUT_IN_OUTPUT)),--exclude-input-in-output) \
+	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
 	    $(SIZING)
 
 serve: repo

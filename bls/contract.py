@@ -203,7 +203,6 @@ PREPROCESSING = ModelContract(
         _scalar("RANDOM_SEED", "TYPE_UINT64", extension=True),
         _scalar("MIN_TOKENS", "TYPE_INT32", extension=True),
         _scalar("MIN_LENGTH", "TYPE_INT32", extension=True),
-        _scalar("EXCLUDE_INPUT_IN_OUTPUT", "TYPE_BOOL", extension=True),
     ),
     outputs=(
         _t("INPUT_ID", "TYPE_INT32", [-1]),
@@ -219,8 +218,6 @@ PREPROCESSING = ModelContract(
         _t("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", [-1]),
         _scalar("OUT_SEED", "TYPE_UINT64", extension=True),
         _scalar("OUT_MIN_TOKENS", "TYPE_INT32", extension=True),
-        # The text API's default is no prompt echo, whatever the engine's own default (upstream's: echo).
-        _scalar("OUT_EXCLUDE_INPUT_IN_OUTPUT", "TYPE_BOOL", extension=True),
     ),
 )
 
@@ -334,7 +331,6 @@ TEXT_TO_PREPROCESSING = {
     "end_id": "END_ID",
     "pad_id": "PAD_ID",
     "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
-    "exclude_input_in_output": "EXCLUDE_INPUT_IN_OUTPUT",
     **{text: pre for text, (pre, _) in RENAMED_INPUTS.items()},
 }
 # preprocessing output -> engine input (Llama is decoder-only: DECODER_INPUT_ID is not passed on)
@@ -350,10 +346,11 @@ PREPROCESSING_TO_ENGINE = {
     "OUT_PROMPT_TABLE_EXTRA_IDS": "prompt_table_extra_ids",
     "OUT_SEED": "seed",
     "OUT_MIN_TOKENS": "min_tokens",
-    "OUT_EXCLUDE_INPUT_IN_OUTPUT": "exclude_input_in_output",
 }
-# text API input -> engine input, passed through unchanged in value
+# text API input -> engine input, passed through unchanged in value (absent, the engine's parameter decides:
+# exclude_input_in_output, as upstream's ensemble maps it)
 TEXT_TO_ENGINE = {
+    "exclude_input_in_output": "exclude_input_in_output",
     "top_k": "runtime_top_k",
     "top_p": "runtime_top_p",
     "temperature": "temperature",

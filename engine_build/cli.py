@@ -252,10 +252,10 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--query-special-tokens", choices=("text", "parse"), default="text",
                        help="text (default): <|...|> strings in text_input stay text; parse: a trusted front end "
                             "(Triton's OpenAI frontend) sends prompts it rendered with the chat template")
-        p.add_argument("--exclude-input-in-output", action=argparse.BooleanOptionalAction, default=False,
-                       help="the engines' default when a request does not say (tensorrt_llm's parameter; upstream's "
-                            "default false: token-level clients get the prompt back in output_ids). The text API "
-                            "never echoes the prompt unless asked, whatever this says")
+        p.add_argument("--exclude-input-in-output", action=argparse.BooleanOptionalAction, default=True,
+                       help="no prompt echo for a request that does not say (the engines' parameter, which the "
+                            "ensemble and the BLS follow; default as NVIDIA's Llama guide); "
+                            "--no-exclude-input-in-output for token-level clients that read the prompt back")
         _sizes(p, max_draft_len=8)  # used only when a draft model is given
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)

@@ -79,10 +79,11 @@ class RepositorySettings:
     # them); empty: read from tritonserver's command line when the model loads.
     bls_engine_http_url: str = ""
     bls_engine_grpc_url: str = ""
-    # The engines' default when a request does not say (upstream's: false). Token-level clients such as
-    # NVIDIA's e2e_grpc_speculative_decoding_client.py read the prompt back in output_ids. The text API has
-    # its own default (no echo), sent with every request by preprocessing and the BLS.
-    exclude_input_in_output: bool = False
+    # Whether the prompt is echoed to a request that does not say: the engines' parameter, which the ensemble
+    # and the BLS follow as upstream's do. True as NVIDIA's Llama guide sets it (and as Triton's OpenAI frontend,
+    # which never sends it, needs); false (the backend's own default) for token-level clients that read the
+    # prompt back in output_ids, such as NVIDIA's client-side speculative decoding client.
+    exclude_input_in_output: bool = True
     skip_special_tokens: bool = True
     add_special_tokens: bool = True
     query_special_tokens: str = "text"
@@ -169,6 +170,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
         "accumulate_tokens": settings.accumulate_tokens,
+        "exclude_input_in_output": settings.exclude_input_in_output,
         "stream_interval": settings.stream_interval,
         "tensorrt_llm_model_name": TARGET_MODEL,
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",

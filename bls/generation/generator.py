@@ -82,6 +82,9 @@ class BlsConfig:
     max_draft_len: int
     accumulate_tokens: bool
     skip_special_tokens: bool
+    # The engine's exclude_input_in_output parameter: what a request that does not say gets, as from upstream's
+    # ensemble and BLS (the engine's parameter decides).
+    exclude_input_in_output: bool
     # Whether this model and the engines stream (Triton's decoupled transaction policy; upstream's
     # decoupled_mode, one setting for the repository). Without it: no `stream`, and the engine is called
     # without streaming, so a client that leaves cannot stop a generation half-way.
@@ -159,7 +162,7 @@ class TextRequest:
             batch_size=batch_size,
             stream=stream,
             stream_token_counts=rows.uniform_scalar("return_num_output_tokens", bool, False),
-            exclude_input_in_output=rows.uniform_scalar("exclude_input_in_output", bool, True),
+            exclude_input_in_output=rows.uniform_scalar("exclude_input_in_output", bool, config.exclude_input_in_output),
             num_draft_tokens=num_draft_tokens,
             engine_outputs=("output_ids", "sequence_length", *(name for flag in asked for name in _OUTPUTS_ASKED_BY[flag])),
             preprocessing_inputs={pre: inputs[text] for text, pre in TEXT_TO_PREPROCESSING.items() if text in inputs},

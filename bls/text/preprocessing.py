@@ -114,9 +114,6 @@ class Preprocessor:
             "OUT_PAD_ID": pad_ids,
         }
         outputs.update(renamed_sampling_inputs(rows))
-        # The text API does not echo the prompt unless asked (the engine's own default may differ).
-        outputs["OUT_EXCLUDE_INPUT_IN_OUTPUT"] = np.array(
-            [[rows.scalar("EXCLUDE_INPUT_IN_OUTPUT", row, bool, True)] for row in range(batch)], bool)
         if "PROMPT_TABLE_EXTRA_ID" in inputs:
             extra_ids = np.asarray(inputs["PROMPT_TABLE_EXTRA_ID"], np.uint64).reshape(batch, -1)[:, :1]
             # Ids past the vocabulary address prompt-table rows; the extra id tags those positions (for KV

@@ -92,7 +92,7 @@ def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, 
     cli.main(["repo", "--engine", "trtllm", "--hf-model", str(ASSETS / "tiny-target-hf"),
               "--draft-hf-model", str(ASSETS / "tiny-draft-hf"), "--repo", str(repo), "--assets", str(tmp_path / "a"),
               "--dry-run", "--gpu-mem-gb", "80", "--tp", "2", "--profile", profile,
-              *(["--exclude-input-in-output"] if exclude_input else [])])
+              *([] if exclude_input else ["--no-exclude-input-in-output"])])
     out = capsys.readouterr().out
     assert f"--max_batch_size {batch} " in out and "--max_num_tokens 8192" in out
     assert out.count("trtllm-build --checkpoint_dir") == 2
@@ -108,6 +108,10 @@ def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, 
             assert parameters["enable_chunked_context"] == "true" and parameters["enable_kv_cache_reuse"] == "true"
             assert parameters["gpu_device_ids"] == "0,1"  # orchestrator mode: both models on the TP group
             assert parameters["exclude_input_in_output"] == str(exclude_input).lower()
+    # The Python BLS (behind the relay where g++ is here) follows the engine's default, as upstream's BLS does.
+    bls = "tensorrt_llm_bls_python" if (repo / "tensorrt_llm_bls_python").is_dir() else "tensorrt_llm_bls"
+    bls_config = parse_model_config((repo / bls / "config.pbtxt").read_text(), bls)
+    assert bls_config.parameters["exclude_input_in_output"].string_value == str(exclude_input).lower()
     draft = parse_model_config((repo / "tensorrt_llm_draft" / "config.pbtxt").read_text(), "draft")
     manifest = json.loads((repo / "repository.json").read_text())
     assert manifest["engines_built"] is False and manifest["plan"]["profile"]["name"] == profile

@@ -20,7 +20,8 @@ from bls.generation.generator import BlsConfig, TextGenerator, TextRequest, merg
 # Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
 SCRIPT_TEXT = "Hi é 🙂 世界 done"
 CONFIG = BlsConfig(engine_model="engine", preprocessing_model="pre", postprocessing_model="post",
-                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True)
+                   draft_model=None, max_draft_len=0, accumulate_tokens=False, skip_special_tokens=True,
+                   exclude_input_in_output=True)
 
 
 class ScriptedModels:
@@ -136,6 +137,14 @@ def test_stream_interval_holds_only_streamed_responses(bundle, models):
     TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
     assert len(sink.responses) == 3  # the first token, everything else, the final response
     assert "".join(text_of(r) for r in sink.responses) == SCRIPT_TEXT
+
+
+@pytest.mark.parametrize("engine_default", [True, False])
+def test_a_request_that_does_not_say_gets_the_engines_prompt_echo(engine_default):
+    """As upstream's ensemble and BLS: exclude_input_in_output absent, the engine's parameter decides."""
+    config = BlsConfig(**{**CONFIG.__dict__, "exclude_input_in_output": engine_default})
+    assert request(config).exclude_input_in_output is engine_default
+    assert request(config, exclude_input_in_output=[[not engine_default]]).exclude_input_in_output is not engine_default
 
 
 def test_a_stream_never_echoes_the_prompt(bundle, models):

@@ -71,6 +71,9 @@ class TritonPythonModel:
             accumulate_tokens=parse_bool(params.get("accumulate_tokens"), False, "accumulate_tokens"),
             stream_interval=parse_positive_int(params.get("stream_interval"), 1, "stream_interval"),
             skip_special_tokens=parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens"),
+            # The engine's parameter, rendered here too (unset: false, as the engine's own default).
+            exclude_input_in_output=parse_bool(params.get("exclude_input_in_output"), False,
+                                               "exclude_input_in_output"),
             # One setting for the repository (upstream's decoupled_mode): the engines are decoupled when we are.
             decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
         )
