@@ -1,6 +1,7 @@
 """A repository built as `make repo DECOUPLED=false QUERY_SPECIAL_TOKENS=parse` builds it: the models that
 clients using unary RPCs need (NVIDIA's inflight_batcher_llm_client.py without --streaming,
-e2e_grpc_speculative_decoding_client.py), in the mode the README's OpenAI-frontend command uses.
+e2e_grpc_speculative_decoding_client.py, which also needs EXCLUDE_INPUT_IN_OUTPUT=false: it reads the prompt
+back), in the mode the README's OpenAI-frontend command uses.
 
 Starts its own server on the real tiny target and draft (not possible with --server-url).
 """
