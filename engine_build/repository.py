@@ -103,9 +103,10 @@ class RepositorySettings:
     merge_streamed_tokens: bool = False
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     engine_instance_count: int = 1  # > 1 only with synthetic (benchmark stand-ins): see embedded.config.pbtxt
-    # Synthetic only (the benchmark stand-in): the relay in front of the embedded engine, which then runs as
-    # `<name>_python`, so that its responses leave tritonserver from C++, a step's back to back, as TensorRT-LLM's
-    # C++ backend sends them (from Python each costs the stub's send: a step's responses trickle out over ms).
+    # Synthetic only (the benchmark stand-in): the relay in front of the embedded engine too, where `relay` puts
+    # one in front of the BLS; the engine then runs as `<name>_python`, and its responses leave tritonserver from
+    # C++, a step's back to back, as TensorRT-LLM's C++ backend sends them (from Python each costs the stub's send:
+    # a step's responses trickle out over ms).
     engine_relay: bool = False
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
@@ -189,7 +190,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         compile_relay(relay / "1" / RELAY_LIBRARY)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
-        _write_engine_model(out, name, source, settings)
+        _write_engine_model(out, name, source, settings, relayed)
 
     _write_manifest(out, settings)
     return out
@@ -204,14 +205,21 @@ def _use_relay(settings: RepositorySettings) -> bool:
         raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
                               f"{RELAY_SOURCE.relative_to(PROJECT_ROOT)}; install one (apt-get install g++) or "
                               "build with RELAY=off")
-    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL} is built without the relay, so every "
-          "streamed response pays the Python backend's send (README, Benchmarks); install g++ or set CXX",
+    engine = " (and the benchmark's stand-in engine: figures not comparable with the README's)" \
+        if settings.engine_relay else ""
+    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL}{engine} is built without the relay, so "
+          "every streamed response pays the Python backend's send (README, Benchmarks); install g++ or set CXX",
           file=sys.stderr, flush=True)
     return False
 
 
 def _compiler() -> str:
     return os.environ.get("CXX") or "g++"
+
+
+def engine_is_relayed(repo: Path) -> bool:
+    """Whether a built repository serves its engine behind a relay (engine_relay, where the relay was built)."""
+    return (repo / TARGET_MODEL / "1" / RELAY_LIBRARY).is_file()
 
 
 def can_compile_relay() -> bool:
@@ -277,7 +285,8 @@ def _write_model(out: Path, name: str, values: dict, template_name: str = "confi
     return target
 
 
-def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings) -> None:
+def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings, relayed: bool) -> None:
+    """`relayed`: the repository's relays are built (_use_relay); the engine gets one with engine_relay."""
     is_draft = name == DRAFT_MODEL
     common = {
         "model_name": name,
@@ -291,9 +300,9 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             raise RepositoryError("engine_instance_count > 1 is for the synthetic benchmark engine only: a `stop` "
                                   "(cancellation) must reach the instance that holds the sequence")
         python_name = name
-        if settings.engine_relay:
-            if not (settings.synthetic and settings.decoupled):
-                raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
+        if settings.engine_relay and not (settings.synthetic and settings.decoupled):
+            raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
+        if settings.engine_relay and relayed:
             python_name = f"{name}_python"
             relay = _write_model(out, name, version_files=False, values={
                 "model_name": name,

@@ -2,7 +2,7 @@
 
 The engine is the synthetic embedded engine sending one response per generated token per stream, as
 TensorRT-LLM's C++ backend streams (never merged: `merge_streamed_tokens` is off), so the layers above it
-are loaded the way a GPU deployment loads them. Where the relay compiles (g++) the stand-in runs behind one
+are loaded the way a GPU deployment loads them. Where the relay is built (g++) the stand-in runs behind one
 (RepositorySettings.engine_relay): its responses then leave tritonserver from C++, a step's back to back, as
 the C++ backend sends them; from its Python stub each costs a synchronous send, so a paced step's responses
 trickled out over several ms and woke the BLS for every few tokens, which no GPU deployment does (README,
@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from bls.engine_streams import EngineStreams
-from engine_build.repository import RELAY_SOURCE, can_compile_relay
+from engine_build.repository import RELAY_SOURCE, engine_is_relayed
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
@@ -124,7 +124,7 @@ def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1
     return ctx.variant(name, synthetic=True, draft=None, max_seq_len=8192, max_active_requests=512,
                        max_queued_requests=512, merge_streamed_tokens=False, step_ms=step_ms,
                        engine_instance_count=engine_instances or ctx.engine_instances, stream_interval=stream_interval,
-                       engine_relay=can_compile_relay(),
+                       engine_relay=True,
                        **({"bls_instance_count": ctx.bls_instances} if ctx.bls_instances else {}))
 
 
@@ -189,19 +189,17 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
     # max_queued_requests: 256 streams x (BLS + ensemble + engine) never wait for a slot: the floor is the
     # engine's pace, not its queue. More engine instances (ctx.engine_instances) spread the stand-in over
     # cores, so that on a many-core host the engine is not the bottleneck being measured.
-    server = ctx.server(_repo(ctx, "streaming", step_ms=ctx.engine_step_ms))
+    repo = _repo(ctx, "streaming", step_ms=ctx.engine_step_ms)
+    server = ctx.server(repo)
     bodies = _bodies(server.http_url)
     for model in MODELS:  # warm-up
         stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])
     # 0: the stand-in generates as fast as the CPU lets it, ahead of its own sending (responses queue, and a
     # stream's tokens leave in bursts); > 0: it also waits for its sending (embedded_engine/responses.py).
-    if not can_compile_relay():
-        print("streaming: no C++ compiler: the stand-in engine sends from its Python stub (slower than the C++ "
-              "backend sends: figures not comparable with the README's)", flush=True)
     rows: list[Row] = [Row("throughput runs: engine step (0: unpaced, runs ahead of its sending)",
                            ctx.engine_step_ms, "ms"),
                        Row("stand-in engine behind a relay (sends from C++, as the C++ backend)",
-                           can_compile_relay())]
+                           engine_is_relayed(repo))]
     for clients in CONCURRENCY:
         # A lone stream runs more rounds: CPU times tick in 10 ms, too coarse for one stream's few thousand tokens.
         rounds = (1 if ctx.quick else 2) * (8 if clients == 1 else 1)

@@ -36,7 +36,7 @@ from typing import Callable
 
 import numpy as np
 
-from engine_build.repository import can_compile_relay, variant_repository
+from engine_build.repository import variant_repository
 from serving.tritonserver import TritonServer, http_queue_warning, http_thread_queue_capacity, is_ready
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, HttpSession, Hung
@@ -508,13 +508,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_ms:
             # The engine as a GPU deployment paces it: every active stream gets one token per step, each in
             # its own response; 256 run at once (an engine batch), 64 more may wait, the rest is shed (503).
-            # Behind the engine relay where it compiles, as `make bench` runs it: a step's responses leave
+            # Behind the engine relay where the relay is built, as `make bench` runs it: a step's responses leave
             # tritonserver from C++, back to back, as TensorRT-LLM's C++ backend sends them.
             repo = variant_repository(repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms,
                                       merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64,
-                                      engine_relay=can_compile_relay())
-            if not can_compile_relay():
-                print("soak: no C++ compiler: the stand-in engine sends from its Python stub", flush=True)
+                                      engine_relay=True)
         with TritonServer(repo, log_path=args.server_log, extra_args=tuple(args.server_arg)) as server:
             target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid)
             report = soak(target, server.is_alive)

@@ -6,7 +6,8 @@ import pytest
 
 from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
 from engine_build.repository import (
-    RepositoryError, RepositorySettings, assemble_repository, default_bls_instance_count, read_manifest,
+    RepositoryError, RepositorySettings, assemble_repository, default_bls_instance_count, engine_is_relayed,
+    read_manifest,
 )
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
@@ -87,6 +88,16 @@ def test_the_benchmark_engine_behind_its_relay_keeps_the_engine_contract(tmp_pat
     assert engine.input[[i.name for i in engine.input].index("request_output_len")].HasField("reshape")
     assert (repo / "tensorrt_llm" / "1" / "libtriton_llama3_relay.so").is_file()
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
+    assert engine_is_relayed(repo)
+
+
+def test_the_engine_relay_follows_the_repositorys_relay_mode(tmp_path):
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
+        synthetic=True, engine_relay=True, relay="off"))
+    engine = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "engine")
+    assert engine.backend == "python" and not (repo / "tensorrt_llm_python").exists()
+    assert not engine_is_relayed(repo)
 
 
 def test_the_engine_relay_is_for_the_synthetic_benchmark_engine_only(tmp_path):
