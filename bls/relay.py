@@ -28,7 +28,6 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from bls.engine_http import Disconnected
 
 STREAM_PARAMETER = "llama3_relay_stream"
 SOCKET_PARAMETER = "llama3_relay_socket"
@@ -164,6 +163,10 @@ def decode_tensors(body: memoryview) -> dict[str, np.ndarray]:
     return tensors
 
 
+class RelayDisconnected(ConnectionError):
+    """The connection to the relay is gone, or an engine call was stopped before its end."""
+
+
 class EngineCallError(RuntimeError):
     """The engine (or Triton, on its way there) answered an engine call with an error: its code and message."""
 
@@ -186,17 +189,17 @@ class RelayEngineCall:
 
     def wait(self) -> bool:
         """Block until the call ends: True when read to its end, False when on_event stopped it. Raises
-        EngineCallError, Disconnected (stop(), or the connection broke), or what on_event raised."""
+        EngineCallError, RelayDisconnected (stop(), or the connection broke), or what on_event raised."""
         self._done.wait()
         if isinstance(self._outcome, BaseException):
             raise self._outcome
         return bool(self._outcome)
 
     def stop(self) -> None:
-        """Cancel from any thread: the call ends with Disconnected, and the relay cancels the engine request."""
+        """Cancel from any thread: the call ends with RelayDisconnected, and the relay cancels the engine request."""
         if self._connection._forget(self._call):
             self._cancel_in_relay()
-            self._finish(Disconnected("stopped"))
+            self._finish(RelayDisconnected("stopped"))
 
     def _cancel_in_relay(self) -> None:
         try:
@@ -263,7 +266,7 @@ class RelayConnection:
         reader thread, which must not block: returning False ends the call (the relay cancels the request);
         `on_end()` runs once it has ended, with this connection's lock held when the connection broke: it must
         only take note. `on_open(call)` runs before the request is sent, so that another thread can stop() it (a
-        call stopped by then is not sent). Raises Disconnected when the relay cannot be reached."""
+        call stopped by then is not sent). Raises RelayDisconnected when the relay cannot be reached."""
         with self._lock:
             number = self._next_call
             self._next_call += 1
@@ -279,7 +282,7 @@ class RelayConnection:
                 self._write_gathered()
             except OSError as error:
                 self._calls.pop(number, None)
-                raise Disconnected(f"the relay cannot be reached ({error})") from None
+                raise RelayDisconnected(f"the relay cannot be reached ({error})") from None
         return call
 
     def _forget(self, call: int) -> bool:
@@ -330,7 +333,7 @@ class RelayConnection:
 
     def _broken(self) -> None:
         """The connection is gone (with the lock held): the relay ends every stream claimed on it, so they are
-        all cancelled here, and cancels its engine calls, which end here with Disconnected."""
+        all cancelled here, and cancels its engine calls, which end here with RelayDisconnected."""
         try:
             self._socket.shutdown(socket.SHUT_RDWR)  # wakes the reader thread
         except OSError:
@@ -342,7 +345,7 @@ class RelayConnection:
             on_cancelled()
         calls, self._calls = self._calls, {}
         for call in calls.values():
-            call._finish(Disconnected("the connection to the relay broke"))
+            call._finish(RelayDisconnected("the connection to the relay broke"))
 
     def _read_frames(self, connection: socket.socket) -> None:
         pending = b""
