@@ -12,7 +12,7 @@ import logging
 import threading
 import traceback
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -24,9 +24,6 @@ from bls.errors import InvalidRequest, ModelStepError, Unavailable
 from bls.relay import (
     SOCKET_PARAMETER, STREAM_PARAMETER, RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame,
 )
-
-if TYPE_CHECKING:  # only the BLS streams over gRPC: the other models' stubs need not import grpc
-    from bls.engine_streams import EngineStreams
 
 log = logging.getLogger(__name__)
 
@@ -442,68 +439,134 @@ class _Metric:
         self._family = None
 
 
-class ChildModels:
-    """Calls other models of the repository from a BLS model (blocking; run it on a worker thread).
+class InProcessModels:
+    """Calls other models of the repository through the Python backend, in-process (BLS `exec`), on the calling
+    thread: the ModelCaller of the in-process transport (bls.transports), and the one-response calls
+    (preprocessing, postprocessing) of the relay transport.
 
-    One-response calls go through the Python backend (exec); streams of a decoupled engine go through this
-    server's gRPC endpoint (bls.engine_streams says why). Stopping a child generation is done by sending the
-    engine a `stop` request with the child's request id, which both the tensorrtllm backend and the
-    embedded engine honour; a stream closed early is also cancelled.
+    Invariant: streams (exec(decoupled=True)) are only read on one thread, the one that serves requests.
+    Triton's Python backend stub (2.51, and python_backend r26.07) deadlocks when one thread returns from
+    exec(decoupled=True) while another is woken in a response iterator: the returning thread holds the GIL and
+    waits for the stub's iterator-map mutex (Stub::GetResponseIterator), the stub's ParentToStubMQMonitor thread
+    holds that mutex and waits for the iterator's own mutex (ProcessBLSResponseDecoupled ->
+    ResponseIterator::EnqueueResponse), and the woken thread holds the iterator's mutex while it takes the GIL
+    back (ResponseIterator::Next). With one thread no two of these can happen at once. One-response exec does
+    not use the iterator map: any thread may call infer().
     """
 
-    def __init__(self, engine_streams: EngineStreams | None = None):
-        """engine_streams: None when the engines are not decoupled (each answers with exactly one response)."""
-        self._engine_streams = engine_streams
+    def __init__(self, decoupled_engines: bool):
+        """decoupled_engines: the engines stream (a decoupled repository); otherwise each answers once."""
+        self._decoupled_engines = decoupled_engines
+        self._streaming_thread: int | None = None
+        self._stopped: set[str] = set()  # ids stopped when their stream was left early (see stop())
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors:
         """One response. The wait (exec) is outside PB_LOCK: a non-decoupled engine takes as long as a whole
         generation, and every other stream of this process would wait behind it for its sends."""
         outputs = list(outputs)
+        child = self._request(model_name, inputs, outputs, request_id)
+        response = child.exec()
         with PB_LOCK:
-            child = pb_utils.InferenceRequest(
+            raise_for_error(response, model_name)
+            tensors = _copied_outputs(response, outputs)
+            del response, child
+            return tensors
+
+    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
+        """`on_response` for each response, on this thread; returns when the stream ends: False when on_response
+        returned False (the engine request has then been stopped)."""
+        responses = self.stream(model_name, inputs, outputs, request_id)
+        try:
+            for tensors in responses:
+                if not on_response(tensors):
+                    return False
+            return True
+        finally:
+            responses.close()
+
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterator[Tensors]:
+        """The responses of an engine request (a non-decoupled engine answers with exactly one). Leaving early
+        stops the engine request (a `stop` request: the Python backend of Triton 2.51 cannot cancel a child
+        stream), then reads what is left of it: a response iterator dropped unread blocks until its end."""
+        outputs = list(outputs)
+        if not self._decoupled_engines:
+            yield self.infer(model_name, inputs, outputs, request_id)
+            return
+        self._check_streaming_thread()
+        child = self._request(model_name, inputs, outputs, request_id)
+        responses = child.exec(decoupled=True)
+        ended = False
+        try:
+            for response in responses:
+                with PB_LOCK:
+                    if response.has_error():
+                        ended = True  # an error response is the stream's last
+                    raise_for_error(response, model_name)
+                    tensors = _copied_outputs(response, outputs)
+                    del response
+                if tensors:  # a decoupled model may end with an empty final response
+                    yield tensors
+            ended = True
+        finally:
+            if not ended:
+                try:
+                    self._send_stop(model_name, request_id)
+                    self._stopped.add(request_id)
+                except ModelStepError as error:  # the reason we left stays the error that surfaces
+                    log.warning("could not stop engine request %s: %s", request_id, error)
+                for _ in responses:
+                    pass
+            del responses, child
+
+    def stop(self, model_name: str, request_id: str) -> None:
+        """Stop a child generation (a `stop` request for its id, the tensorrtllm backend's documented way), unless
+        its stream was left early, which stopped it already."""
+        if request_id in self._stopped:
+            self._stopped.discard(request_id)
+            return
+        self._send_stop(model_name, request_id)
+
+    def _send_stop(self, model_name: str, request_id: str) -> None:
+        for _ in self.stream(model_name, stop_request_inputs(), ["output_ids"], request_id):
+            pass
+
+    def _check_streaming_thread(self) -> None:
+        thread = threading.get_ident()
+        if self._streaming_thread is None:
+            self._streaming_thread = thread
+        elif self._streaming_thread != thread:
+            raise RuntimeError("engine streams read on a second thread: the stub can deadlock (InProcessModels)")
+
+    @staticmethod
+    def _request(model_name: str, inputs: Mapping[str, np.ndarray], outputs: list[str], request_id: str) -> Any:
+        with PB_LOCK:
+            return pb_utils.InferenceRequest(
                 model_name=model_name,
                 inputs=[pb_utils.Tensor(name, np.ascontiguousarray(value)) for name, value in inputs.items()],
                 requested_output_names=outputs,
                 request_id=request_id,
             )
-        response = child.exec()
-        with PB_LOCK:
-            raise_for_error(response, model_name)
-            # Copies: no array outlives the response's shared memory outside PB_LOCK.
-            tensors = {}
-            for name in outputs:
-                value = output_tensor(response, name)
-                if value is not None:
-                    tensors[name] = value.copy()
-            del response, child
-            return tensors
 
-    def cancel(self, request_id: str) -> None:
-        """Cancel the engine streams of `request_id` and its children now (their readers get
-        GenerationCancelled). Non-decoupled engines are called without streams: nothing to cancel."""
-        if self._engine_streams is not None:
-            self._engine_streams.cancel(request_id)
 
-    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
-                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
-        """`on_response` for each response of an engine request, on whichever thread reads it (it must not block);
-        returns when the stream ends: False when on_response returned False (the request is cancelled)."""
-        if self._engine_streams is None:
-            return on_response(self.infer(model_name, inputs, outputs, request_id))
-        return self._engine_streams.stream_each(model_name, inputs, outputs, request_id,
-                                                lambda tensors: on_response(tensors) if tensors else True)
+def stop_request_inputs() -> Tensors:
+    """The inputs of a `stop` request (the engine matches it to the running request by request id)."""
+    return {
+        "input_ids": np.zeros((1, 1), np.int32),
+        "input_lengths": np.ones((1, 1), np.int32),
+        "request_output_len": np.ones((1, 1), np.int32),
+        "stop": np.array([[True]]),
+    }
 
-    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
-               request_id: str = "") -> Iterable[Tensors]:
-        """The responses of an engine request; a non-decoupled engine answers with exactly one."""
-        if self._engine_streams is None:
-            yield self.infer(model_name, inputs, outputs, request_id)
-            return
-        responses = self._engine_streams.stream(model_name, inputs, outputs, request_id)
-        try:
-            for tensors in responses:
-                if tensors:  # a decoupled model may end with an empty final response
-                    yield tensors
-        finally:
-            responses.close()  # a caller that stops early cancels the engine request
+
+def _copied_outputs(response: Any, names: Iterable[str]) -> Tensors:
+    """The named outputs of a child response, copied: no array outlives the response's shared memory outside
+    PB_LOCK (the caller holds it)."""
+    tensors = {}
+    for name in names:
+        value = output_tensor(response, name)
+        if value is not None:
+            tensors[name] = value.copy()
+    return tensors

@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -44,16 +44,17 @@ RELAY_LIBRARY = "libtriton_llama3_relay.so"  # Triton finds a model's backend li
 EngineKind = Literal["embedded", "trtllm"]
 
 
-def default_bls_instance_count(cpus: int | None = None) -> int:
-    """One BLS instance is one Python process; its per-token Python work caps what it streams, however many
-    threads serve its requests, but every process also costs CPU per token of its own (its reader's wake-ups and
-    round trips to tritonserver with cold caches), more the fewer tokens it streams. On a 16-core host with 6
-    engine instances, interleaved runs of 79bb38d (before the relay; docs/benchmarks.md): 4 instances streamed 17.8-21.1k tok/s
-    at 64 streams against 15.0-15.9k for 8, at 109-137 µs of BLS CPU a token against 178-208, and 207-268 µs
-    against 239-381 paced like a GPU; 2 instances kept the throughput only by merging 4 tokens a response. One
-    instance per 4 cores of the building host (the GPU host for ENGINE=trtllm), 1 to 8."""
+def default_bls_instance_count(relayed: bool, cpus: int | None = None) -> int:
+    """Relayed: one BLS instance is one Python process serving many requests on threads; its per-token Python
+    work caps what it streams, however many threads serve its requests, but every process also costs CPU per
+    token of its own (wake-ups, round trips with cold caches), more the fewer tokens it streams: one instance
+    per 4 cores of the building host (the GPU host for ENGINE=trtllm), 1 to 8 (docs/benchmarks.md has the runs).
+    In-process: an instance serves one request at a time (bls.transports), so the instances are the
+    concurrency: one per core, 4 to 32."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return max(1, min(8, cpus // 4))
+    if relayed:
+        return max(1, min(8, cpus // 4))
+    return max(4, min(32, cpus))
 
 
 @dataclass(frozen=True)
@@ -72,13 +73,11 @@ class RepositorySettings:
     max_queue_size: int = 256
     preprocessing_instance_count: int = 1
     postprocessing_instance_count: int = 1
-    bls_instance_count: int = field(default_factory=lambda: default_bls_instance_count())
+    bls_instance_count: int | None = None  # None: default_bls_instance_count for the repository's transport
+    # Relayed: requests one instance serves at once, and how many more may wait (one more is refused at once with
+    # UNAVAILABLE). In-process: requests waiting in Triton's queue of the BLS (each instance serves one at a time).
     bls_max_concurrent_requests: int = 256  # per instance
     bls_max_queued_requests: int = 256  # per instance
-    # tritonserver's HTTP and gRPC endpoints as the BLS reaches them (it streams engine requests through
-    # them); empty: read from tritonserver's command line when the model loads.
-    bls_engine_http_url: str = ""
-    bls_engine_grpc_url: str = ""
     # Whether the prompt is echoed to a request that does not say: the engines' parameter, which the ensemble
     # and the BLS follow as upstream's do. True as NVIDIA's Llama guide sets it (and as Triton's OpenAI frontend,
     # which never sends it, needs); false (the backend's own default) for token-level clients that read the
@@ -137,6 +136,9 @@ class RepositoryError(RuntimeError):
 def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     out = out.resolve()
     _prepare_output_dir(out)
+    relayed = _use_relay(settings)
+    if settings.bls_instance_count is None:
+        settings = replace(settings, bls_instance_count=default_bls_instance_count(relayed))
     engine_models = [TARGET_MODEL] + ([DRAFT_MODEL] if settings.draft else [])
     common = {
         "triton_max_batch_size": settings.triton_max_batch_size,
@@ -162,7 +164,6 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "triton_max_batch_size": settings.triton_max_batch_size,
         "tensorrt_llm_model_name": TARGET_MODEL,
     })
-    relayed = _use_relay(settings)
     _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_PYTHON_MODEL,
                  contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
         "model_name": BLS_PYTHON_MODEL if relayed else BLS_MODEL,
@@ -177,10 +178,8 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
         "max_draft_len": settings.max_draft_len if settings.draft else 0,
         "decoupled_mode": settings.decoupled,
-        "max_concurrent_requests": settings.bls_max_concurrent_requests,
-        "max_queued_requests": settings.bls_max_queued_requests,
-        "engine_http_url": settings.bls_engine_http_url,
-        "engine_grpc_url": settings.bls_engine_grpc_url,
+        "transport": "relay" if relayed else "in_process",
+        "admission": _bls_admission(settings, relayed),
     })
     if relayed:
         relay = _write_model(out, BLS_MODEL, vendored=(), values={
@@ -194,6 +193,20 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
 
     _write_manifest(out, settings)
     return out
+
+
+def _bls_admission(settings: RepositorySettings, relayed: bool) -> str:
+    """How many requests the BLS takes (config text). Relayed: its own pool (bls.request_pool); a decoupled
+    model's requests leave Triton's queue as soon as `execute` returns. In-process: Triton's queue, one request
+    per `execute` (preferred_batch_size 1: an instance serves one request at a time, a batch would wait behind
+    its first request), the rest refused once max_queue_size wait."""
+    if relayed:
+        return (f'parameters {{ key: "max_concurrent_requests" value: {{ string_value: '
+                f'"{settings.bls_max_concurrent_requests}" }} }}\n'
+                f'parameters {{ key: "max_queued_requests" value: {{ string_value: '
+                f'"{settings.bls_max_queued_requests}" }} }}')
+    return ("dynamic_batching {\n  preferred_batch_size: [ 1 ]\n  max_queue_delay_microseconds: 0\n"
+            f"  default_queue_policy {{ max_queue_size: {settings.bls_max_queued_requests} }}\n}}")
 
 
 def _use_relay(settings: RepositorySettings) -> bool:

@@ -1,9 +1,10 @@
 """What tensorrt_llm_bls does for one request: preprocess, generate (plain or speculative), detokenize.
 
 Pure Python over two small interfaces, so it is unit-tested without Triton:
-- `ModelCaller`: calls other models (`bls.triton_io.ChildModels` in the server);
-- `ResponseSink`: sends responses and reports client cancellation (`bls.response_loop.QueuedStream` in the
-  server: sends return at once, and responses still waiting to go out absorb later ones, see merge_streamed).
+- `ModelCaller`: calls other models (bls.transports picks the server's: in-process, or through the relay);
+- `ResponseSink`: sends responses and reports client cancellation (bls.transports: straight through the stub,
+  or `bls.response_loop.QueuedStream`, whose sends return at once and whose responses still waiting to go out
+  absorb later ones, see merge_streamed).
 
 Streaming sends the text added since the previous response (or, with accumulate_tokens, the whole text
 so far), produced by an incremental detokenizer: O(1) work per token, and the concatenated deltas are
@@ -15,8 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Callable, Iterable, Mapping, Protocol
 
@@ -51,6 +51,8 @@ _PER_TOKEN_AXIS = {"output_log_probs": -1, "generation_logits": 2}
 
 
 class ModelCaller(Protocol):
+    """How the BLS calls other models (bls.transports: in-process, or engine streams through the relay)."""
+
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors: ...
 
@@ -62,8 +64,8 @@ class ModelCaller(Protocol):
         """`on_response(response)` for each response, possibly on another thread; False from it cancels the
         request. Returns when the stream has ended: False when on_response stopped it."""
 
-    def cancel(self, request_id: str) -> None:
-        """Make the open streams of `request_id` and its children raise GenerationCancelled now."""
+    def stop(self, model_name: str, request_id: str) -> None:
+        """Stop the engine generation of child `request_id` (a `stop` request). Raises ModelStepError."""
 
 
 class ResponseSink(Protocol):
@@ -114,6 +116,7 @@ class TextRequest:
 
     @classmethod
     def from_inputs(cls, inputs: Mapping[str, np.ndarray], config: BlsConfig, request_id: str) -> "TextRequest":
+        """`request_id`: unique per request (bls.transports.unique_request_id): child requests are stopped by id."""
         if "max_tokens" not in inputs:
             raise InvalidRequest("max_tokens", "is required")
         if ("text_input" in inputs) == ("messages" in inputs):
@@ -157,8 +160,7 @@ class TextRequest:
                                            "outputs come in its own responses)")
 
         return cls(
-            # Unique even when clients reuse ids: child requests are stopped by id.
-            request_id=f"{request_id}-{uuid.uuid4().hex[:12]}" if request_id else uuid.uuid4().hex,
+            request_id=request_id,
             batch_size=batch_size,
             stream=stream,
             stream_token_counts=rows.uniform_scalar("return_num_output_tokens", bool, False),
@@ -221,23 +223,18 @@ class _EngineDetails:
 
 class TextGenerator:
     """Serves requests on the caller's thread; the rows of a batch run on `row_pool`, one bounded pool for
-    every request (default: one of 64 threads)."""
+    every request, or one after another on the caller's thread without one."""
 
     def __init__(self, config: BlsConfig, models: ModelCaller, tokenizer, observer: GenerationObserver | None = None,
-                 row_pool: ThreadPoolExecutor | None = None):
+                 row_pool: Executor | None = None):
         self.config = config
         self.models = models
         self.tokenizer = tokenizer
         self.observer = observer or GenerationObserver()
-        self._row_pool = row_pool or ThreadPoolExecutor(max_workers=64, thread_name_prefix="bls-row")
+        self._row_pool = row_pool
         # Engine generations running now (child request ids), so that unloading can stop them.
         self._running_children: set[str] = set()
         self._children_lock = threading.Lock()
-
-    def cancel(self, request_id: str) -> None:
-        """The client of `request_id` has gone: its engine streams stop now (each then stops its engine and the
-        request ends as cancelled) instead of at the engine's next response, which under load comes late."""
-        self.models.cancel(request_id)
 
     def stop_running_engines(self) -> None:
         """Stop every engine generation still running (unload): nothing keeps generating for nobody."""
@@ -255,8 +252,8 @@ class TextGenerator:
             [spec.name for spec in PREPROCESSING.outputs], request.request_id,
         )
         rows = range(request.batch_size)
-        if request.batch_size == 1:
-            results = [self._generate_row(request, pre, 0, sink, started)]
+        if request.batch_size == 1 or self._row_pool is None:
+            results = [self._generate_row(request, pre, row, sink, started) for row in rows]
         else:
             results = list(self._row_pool.map(lambda row: self._generate_row(request, pre, row, sink, started), rows))
         if request.stream:
@@ -354,13 +351,7 @@ class TextGenerator:
         cancellation and the unload path. Best effort: a failure is logged, never raised over the error that
         brought us here."""
         try:
-            for _ in self.models.stream(model_name, {
-                "input_ids": np.zeros((1, 1), np.int32),
-                "input_lengths": np.ones((1, 1), np.int32),
-                "request_output_len": np.ones((1, 1), np.int32),
-                "stop": np.array([[True]]),
-            }, ["output_ids"], child_id):
-                pass
+            self.models.stop(model_name, child_id)
         except (ModelStepError, GenerationCancelled) as error:
             log.warning("could not stop engine request %s: %s", child_id, error)
 

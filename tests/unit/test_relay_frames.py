@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
-from bls.engine_http import Disconnected
+from bls.relay import RelayDisconnected as Disconnected
 from bls.relay import (
     EngineCallError, RelayConnections, RelayedRequest, claim_frame, decode_tensors, encode_tensors, engine_cancel_frame,
     engine_request_frame, error_frame, relay_frames, response_frame,

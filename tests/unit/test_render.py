@@ -62,7 +62,11 @@ def test_embedded_repository_renders_every_model(tmp_path):
     assert (repo / "tensorrt_llm" / "1" / "checkpoint" / "config.json").is_file()
     bls = parse_model_config((repo / "tensorrt_llm_bls_python" / "config.pbtxt").read_text(), "bls")
     assert bls.parameters["tensorrt_llm_draft_model_name"].string_value == "tensorrt_llm_draft"
-    assert bls.instance_group[0].count == default_bls_instance_count() == read_manifest(repo)["bls_instance_count"]
+    assert bls.instance_group[0].count == default_bls_instance_count(relayed=True) == \
+        read_manifest(repo)["bls_instance_count"]
+    assert bls.parameters["transport"].string_value == "relay"
+    assert bls.parameters["max_concurrent_requests"].string_value == "256"
+    assert not bls.HasField("dynamic_batching"), "a relayed BLS admits requests in its own pool"
     relay = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "relay")
     assert relay.backend == "llama3_relay" and relay.model_transaction_policy.decoupled
     assert relay.parameters["python_model_name"].string_value == "tensorrt_llm_bls_python"
@@ -116,6 +120,13 @@ def test_without_the_relay_the_python_bls_is_tensorrt_llm_bls(tmp_path, override
     bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
     assert bls.name == "tensorrt_llm_bls" and bls.backend == "python"
     assert (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
+    # One request at a time per instance (bls.transports), so Triton's queue bounds admission, a request per
+    # execute; the instances are the concurrency.
+    assert bls.parameters["transport"].string_value == "in_process"
+    assert "max_concurrent_requests" not in bls.parameters
+    assert list(bls.dynamic_batching.preferred_batch_size) == [1]
+    assert bls.dynamic_batching.default_queue_policy.max_queue_size == 256
+    assert bls.instance_group[0].count == default_bls_instance_count(relayed=False) >= 4
 
 
 def test_relay_on_without_a_compiler_names_the_fix(tmp_path, monkeypatch):
@@ -129,8 +140,11 @@ def test_relay_on_without_a_compiler_names_the_fix(tmp_path, monkeypatch):
 
 
 def test_bls_instances_follow_the_host_cores():
-    """A 16-core GPU host gets 4 (measured best there: README, Benchmarks); this 2-core machine 1."""
-    assert [default_bls_instance_count(cpus) for cpus in (1, 2, 4, 8, 16, 32, 128)] == [1, 1, 1, 2, 4, 8, 8]
+    """Relayed, a 16-core GPU host gets 4 (measured best there: docs/benchmarks.md), this 2-core machine 1;
+    in-process, an instance per core (each serves one request at a time), at least 4."""
+    cpus = (1, 2, 4, 8, 16, 32, 128)
+    assert [default_bls_instance_count(True, n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
+    assert [default_bls_instance_count(False, n) for n in cpus] == [4, 4, 4, 8, 16, 32, 32]
 
 
 def test_trtllm_config_targets_the_cpp_backend():

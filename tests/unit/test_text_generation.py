@@ -35,16 +35,16 @@ class ScriptedModels:
         return self.pre(dict(inputs)) if model_name == "pre" else self.post(dict(inputs))
 
     def stream_each(self, model_name, inputs, outputs, request_id, on_response):
-        """As ChildModels: each response to on_response (here on the caller's thread)."""
+        """As bls.triton_io.InProcessModels: each response to on_response on the caller's thread."""
         for response in self.stream(model_name, inputs, outputs, request_id):
             if not on_response(response):
                 return False
         return True
 
+    def stop(self, model_name, request_id):
+        self.stops.append(request_id)
+
     def stream(self, model_name, inputs, outputs, request_id=""):
-        if "stop" in inputs:
-            self.stops.append(request_id)
-            return
         n = int(inputs["request_output_len"].reshape(-1)[0])
         for token in self.script[:n]:
             yield {"output_ids": np.array([[[token]]], np.int32), "sequence_length": np.array([[1]], np.int32)}
@@ -274,9 +274,6 @@ def test_a_gone_client_interrupts_the_wait_for_the_engine(bundle):
             self.cancelled.add(request_id)
 
         def stream(self, model_name, inputs, outputs, request_id=""):
-            if "stop" in inputs:
-                self.stops.append(request_id)
-                return
             yield {"output_ids": np.array([[[self.script[0]]]], np.int32), "sequence_length": np.array([[1]], np.int32)}
             waiting.set()
             for _ in range(500):  # the engine's next response would come late
@@ -291,7 +288,7 @@ def test_a_gone_client_interrupts_the_wait_for_the_engine(bundle):
     worker = threading.Thread(target=generator.generate, args=(text_request, sink))
     worker.start()
     assert waiting.wait(5)
-    generator.cancel(text_request.request_id)
+    models.cancel(text_request.request_id)  # what the relay transport does when the client goes
     worker.join(5)
     assert not worker.is_alive()
     assert sink.responses[-1]["finish_reason"][0, 0] == b"cancelled"

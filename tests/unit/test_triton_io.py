@@ -319,3 +319,105 @@ def test_whole_number_parameters_are_checked_by_name(triton_io):
     for bad in ("0", "-2", "four", "1.5"):
         with pytest.raises(ValueError, match=f"stream_interval={bad!r} is not a whole number"):
             triton_io.parse_positive_int(bad, 1, "stream_interval")
+
+
+class _ChildResponse:
+    def __init__(self, tensors=None, error=None):
+        self.tensors, self._error = tensors or {}, error
+
+    def has_error(self):
+        return self._error is not None
+
+    def error(self):
+        return self._error
+
+
+class _ScriptedChildren:
+    """The stub's BLS calls: each request is recorded; a streamed one yields `script` responses lazily."""
+
+    def __init__(self, script):
+        self.script = script
+        self.requests = []  # (model, inputs, request_id, decoupled)
+        self.read = []  # responses read, per stream, in order
+
+    def request_class(self):
+        children = self
+
+        class InferenceRequest:
+            def __init__(self, model_name, inputs, requested_output_names, request_id=""):
+                self.model_name, self.request_id = model_name, request_id
+                self.inputs = {tensor.name(): tensor.as_numpy() for tensor in inputs}
+
+            def exec(self, decoupled=False):
+                children.requests.append((self.model_name, self.inputs, self.request_id, decoupled))
+                if "stop" in self.inputs:
+                    return iter([_ChildResponse()]) if decoupled else _ChildResponse()
+                if not decoupled:
+                    return _ChildResponse({"OUTPUT": np.array([b"x"], dtype=object)})
+                read = []
+                children.read.append(read)
+
+                def responses():
+                    for tokens in children.script:
+                        read.append(tokens)
+                        yield _ChildResponse({"output_ids": np.array([[tokens]], np.int32)})
+                return responses()
+
+        return InferenceRequest
+
+
+@pytest.fixture
+def children(triton_io, monkeypatch):
+    scripted = _ScriptedChildren([[1], [2], [3], [4]])
+    monkeypatch.setattr(triton_io.pb_utils, "InferenceRequest", scripted.request_class(), raising=False)
+    monkeypatch.setattr(triton_io.pb_utils, "get_output_tensor_by_name",
+                        lambda response, name: _Tensor(name, response.tensors[name]) if name in response.tensors
+                        else None, raising=False)
+    return scripted
+
+
+def test_in_process_streams_read_every_engine_response_in_order(triton_io, children):
+    models = triton_io.InProcessModels(decoupled_engines=True)
+    seen = []
+    assert models.stream_each("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "r-0",
+                              lambda tensors: seen.append(tensors["output_ids"].item()) or True)
+    assert seen == [1, 2, 3, 4]
+    assert children.requests == [("engine", children.requests[0][1], "r-0", True)]
+
+
+def test_leaving_an_in_process_stream_early_stops_the_engine_request_once_then_reads_what_is_left(triton_io, children):
+    models = triton_io.InProcessModels(decoupled_engines=True)
+    assert not models.stream_each("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "r-0",
+                                  lambda tensors: tensors["output_ids"].item() < 2)
+    stops = [(model, rid) for model, inputs, rid, _ in children.requests if "stop" in inputs]
+    assert stops == [("engine", "r-0")], "a stop request with the child's id"
+    assert children.read[0] == [[1], [2], [3], [4]], "the iterator is read to its end, never dropped unread"
+    models.stop("engine", "r-0")  # the generator's own stop after a cancelled stream: already done
+    assert len([1 for _, inputs, _, _ in children.requests if "stop" in inputs]) == 1
+    models.stop("engine", "r-1")  # a generation that was not left early: stopped now
+    assert [rid for _, inputs, rid, _ in children.requests if "stop" in inputs] == ["r-0", "r-1"]
+
+
+def test_in_process_streams_refuse_a_second_reading_thread(triton_io, children):
+    """exec(decoupled=True) from two threads of one stub can deadlock it (InProcessModels' docstring)."""
+    models = triton_io.InProcessModels(decoupled_engines=True)
+    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
+    errors = []
+
+    def other_thread():
+        try:
+            list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "b"))
+        except RuntimeError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join(5)
+    assert errors and "second thread" in str(errors[0])
+
+
+def test_non_decoupled_engines_answer_once_with_a_plain_exec(triton_io, children):
+    models = triton_io.InProcessModels(decoupled_engines=False)
+    assert list(models.stream("post", {"TOKENS_BATCH": np.array([[[1]]], np.int32)}, ["OUTPUT"], "r")) == [
+        {"OUTPUT": np.array([b"x"], dtype=object)}]
+    assert [decoupled for *_, decoupled in children.requests] == [False]

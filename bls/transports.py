@@ -1,0 +1,200 @@
+"""How tensorrt_llm_bls receives requests, sends responses and reaches the engines: two transports, one per kind of
+repository, chosen once when the model loads (its `transport` parameter, written by `make repo`).
+
+- RelayTransport (decoupled repositories where `make repo` built the relay, relay/): clients call the C++ model
+  tensorrt_llm_bls, which forwards each request to this Python model. Requests run on worker threads (bounded
+  admission: bls.request_pool), their responses go back to the relay as frames (bls.response_loop sends them,
+  merging what waits), engine streams go through the relay (bls.relay_engine); one-response calls
+  (preprocessing, postprocessing) are in-process `exec`.
+- InProcessTransport (RELAY=off, no C++ compiler, or DECOUPLED=false): this model is tensorrt_llm_bls itself, a
+  plain Python-backend model as NVIDIA's BLS is: each request is served to its end on the thread that called
+  `execute`, engine calls by `exec` (exec(decoupled=True) streams), responses by the stub's sends. One request at a
+  time per instance is what keeps the stub safe (bls.triton_io.InProcessModels says why); concurrency is the
+  instance count, and Triton's queue bounds admission (max_queue_size in the model's dynamic_batching).
+
+Neither needs the server's network endpoints.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from concurrent.futures import Executor, ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from bls.cancellation import PROCESS_CHECKS, CancellationChecks
+from bls.contract import ModelContract
+from bls.errors import InvalidRequest
+from bls.relay import RelayConnection, RelayConnections, RelayedRequest
+from bls.relay_engine import RelayedEngineStreams
+from bls.request_pool import RequestPool
+from bls.response_loop import Merge, ResponseLoop
+from bls.triton_io import (
+    PB_LOCK, InProcessModels, RelayedSender, SafeSender, read_inputs, request_parameters, stop_request_inputs,
+)
+
+Tensors = dict[str, np.ndarray]
+# serve(inputs, request_id, sink, arrived): one request to its end; every response, the final one included, goes
+# through `sink`. `request_id` is unique per request (child requests are stopped by id); `arrived` is
+# time.monotonic() when Triton handed the request over.
+Serve = Callable[[Tensors, str, Any, float], None]
+
+# Threads that send what the relay transport's other threads queue (bls.response_loop); the connection's reader
+# thread sends what each read of engine responses queued itself.
+SENDING_THREADS = 4
+
+
+def unique_request_id(triton_request_id: str) -> str:
+    """The id of a request's engine calls: the client's id, made unique (clients reuse ids; children are stopped by
+    id)."""
+    suffix = uuid.uuid4().hex[:12]
+    return f"{triton_request_id}-{suffix}" if triton_request_id else uuid.uuid4().hex
+
+
+class InProcessTransport:
+    """Serves each request to its end on the calling thread: Triton's `execute` thread (see the module docstring)."""
+
+    def __init__(self, model_name: str, contract: ModelContract, decoupled: bool,
+                 checks: CancellationChecks = PROCESS_CHECKS):
+        self._model_name = model_name
+        self._contract = contract
+        self._checks = checks
+        self.models = InProcessModels(decoupled_engines=decoupled)
+        self.row_pool: Executor | None = None  # a batch's rows one after another: streams on one thread only
+
+    def execute(self, requests: list[Any], serve: Serve) -> None:
+        arrived = time.monotonic()
+        for request in requests:
+            sink = DirectSink(SafeSender(request, self._model_name), self._checks)
+            try:
+                with PB_LOCK:
+                    inputs = read_inputs(request, self._contract)
+                    request_id = unique_request_id(request.request_id())
+                serve(inputs, request_id, sink, arrived)
+            except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
+                sink.send_error(error)
+            finally:
+                sink.close()
+
+    def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
+        """Unload: nothing to wait for; every request ended inside `execute`, which Triton never runs beside
+        finalize."""
+        return []
+
+
+class DirectSink:
+    """A request's responses, each sent through the stub at once; cancellation asked of Triton at the rate the
+    process's checks allow (bls.cancellation)."""
+
+    def __init__(self, sender: SafeSender, checks: CancellationChecks):
+        self._sender = sender
+        self._cancellation = checks.poll(lambda: sender.is_cancelled(wait=True))
+
+    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
+        self._sender.send(outputs, final)
+
+    def send_error(self, error: BaseException) -> None:
+        self._sender.send_error(error)
+
+    def is_cancelled(self) -> bool:
+        return self._sender.closed or self._cancellation()
+
+    def close(self) -> None:
+        """The request has ended: the stream ends too if nothing ended it (no-op otherwise)."""
+        self._cancellation.close()
+        self._sender.finish()
+
+
+class RelayTransport:
+    """Requests relayed by the C++ model tensorrt_llm_bls, served on worker threads (see the module docstring)."""
+
+    def __init__(self, model_name: str, contract: ModelContract, workers: int, queued: int, merge: Merge):
+        self._model_name = model_name
+        self._contract = contract
+        self._merge = merge
+        self.responses = ResponseLoop(threads=SENDING_THREADS)
+        # Engine responses read from the relay connection are sent on its reader thread, a read's at once.
+        self.relays = RelayConnections(after_sweep=self._send_waiting)
+        self._connection: RelayConnection | None = None
+        self._connection_lock = threading.Lock()
+        self.engine = RelayedEngineStreams(self._relay_connection)
+        self.models = RelayModels(InProcessModels(decoupled_engines=True), self.engine)
+        self.requests = RequestPool(workers, queued, "bls")
+        self.row_pool: Executor | None = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row")
+
+    def execute(self, requests: list[Any], serve: Serve) -> None:
+        arrived = time.monotonic()
+        for request in requests:
+            with PB_LOCK:
+                relayed = RelayedRequest.from_parameters(request_parameters(request))
+            if relayed is None:
+                SafeSender(request, self._model_name).send_error(InvalidRequest(
+                    "model", f"this model serves only requests relayed by {self._model_name}: call {self._model_name}"))
+                continue
+            connection = self.relays.get(relayed.socket_name)
+            with self._connection_lock:
+                self._connection = connection
+            sink = self.responses.open(RelayedSender(request, self._model_name, relayed, connection), self._merge)
+            self.requests.submit(partial(self._serve, request, sink, serve, arrived), sink.send_error)
+
+    def _serve(self, request: Any, sink: Any, serve: Serve, arrived: float) -> None:
+        try:
+            with PB_LOCK:  # pb_utils calls, on a worker thread
+                inputs = read_inputs(request, self._contract)
+                request_id = unique_request_id(request.request_id())
+            # The client has gone: its engine streams end now, not at the engine's next response.
+            sink.when_cancelled(lambda: self.engine.cancel(request_id))
+            serve(inputs, request_id, sink, arrived)
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
+            sink.send_error(error)
+
+    def _relay_connection(self) -> RelayConnection:
+        with self._connection_lock:
+            if self._connection is None:  # engine calls come from requests, which bring the connection
+                raise RuntimeError("no relay connection yet")
+            return self._connection
+
+    def _send_waiting(self) -> None:
+        """What a read of engine responses queued goes out, its frames to the relay in one write (bls.relay)."""
+        with self.relays.corked():
+            self.responses.send_waiting()
+
+    def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
+        """Unload: every queued and running request gets a final response (running ones up to wait_s to finish,
+        then `stop_running`), and what waits to be sent goes. Returns warnings for the log."""
+        warnings = []
+        cut_short = self.requests.shutdown(wait_s, stop_running)
+        if cut_short:
+            warnings.append(f"unloading ended {cut_short} requests with an error")
+        if not self.responses.close(wait_s):
+            warnings.append("unloading before every response was sent")
+        self.relays.close()
+        return warnings
+
+
+class RelayModels:
+    """The relay transport's ModelCaller: engine streams through the relay, one-response calls in-process."""
+
+    def __init__(self, in_process: InProcessModels, engine: RelayedEngineStreams):
+        self._in_process = in_process
+        self._engine = engine
+
+    def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+              request_id: str = "") -> Tensors:
+        return self._in_process.infer(model_name, inputs, outputs, request_id)
+
+    def stream(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+               request_id: str = "") -> Iterator[Tensors]:
+        return self._engine.stream(model_name, inputs, outputs, request_id)
+
+    def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
+                    request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
+        return self._engine.stream_each(model_name, inputs, outputs, request_id, on_response)
+
+    def stop(self, model_name: str, request_id: str) -> None:
+        for _ in self._engine.stream(model_name, stop_request_inputs(), ["output_ids"], request_id):
+            pass
