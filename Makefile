@@ -11,10 +11,15 @@ ifeq ($(SYSTEM_PYTHON),1)
 PY := $(PYTHON)
 STAMP := build/.installed-system
 INSTALL := $(PY) -m pip install -q --no-deps -e .
+TEST_VENV ?= build/venv-test
+TEST_PY := $(TEST_VENV)/bin/python
+TEST_SETUP := $(TEST_VENV)/.installed
 else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test]"
+TEST_PY := $(PY)
+TEST_SETUP := setup
 endif
 
 # What `make repo` builds. ENGINE=embedded (default, CPU) or ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x).
@@ -34,6 +39,8 @@ DECOUPLED ?= true
 EXCLUDE_INPUT_IN_OUTPUT ?= true
 # QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; see README).
 QUERY_SPECIAL_TOKENS ?= text
+# ENGINE=trtllm guided decoding: xgrammar (the tokenizer info file beside each engine) or none (its keys left unset).
+GUIDED_DECODING ?= xgrammar
 # ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
 # DRY_RUN=1 plans, renders and prints the commands without a GPU (GPU_MEM_GB=80 to plan for an 80 GB GPU).
 PROFILE ?= throughput
@@ -58,7 +65,7 @@ STREAM_INTERVAL ?= 1
 RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
-    --stream-interval $(STREAM_INTERVAL) --relay $(RELAY) \
+    --stream-interval $(STREAM_INTERVAL) --relay $(RELAY) --guided-decoding $(GUIDED_DECODING) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \
     $(if $(MAX_SEQ_LEN),--max-seq-len $(MAX_SEQ_LEN)) $(if $(KV_CACHE_FRACTION),--kv-cache-fraction $(KV_CACHE_FRACTION)) \
@@ -71,12 +78,14 @@ METRICS_PORT ?= 8002
 SERVER_URL ?=
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve test bench soak dist clean distclean help
+.PHONY: setup repo serve serve-only check-repo test bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run the unit + integration tests"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
+	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
+	@echo "make serve-only REPO=...   check, then serve an existing repository (builds nothing; docs/container.md)"
 	@echo "make bench   print the benchmark tables"
 	@echo "make soak    concurrent mixed load with faults (DURATION=seconds CONCURRENCY=clients)"
 	@echo "make perf-analyzer / make genai-perf   Triton's own load tools (PERF_URL=host:port)"
@@ -104,13 +113,34 @@ repo: setup
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
 	    $(SIZING)
 
-serve: repo
-	$(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-	    --metrics-port $(METRICS_PORT) --world-size $$(( $(TP) * $(PP) ))
+SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
+	    --metrics-port $(METRICS_PORT)
 
-# With SERVER_URL (a running server, e.g. the NGC container's) the integration tests use it as is.
-test: $(if $(SERVER_URL),setup,repo)
-	$(PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
+serve: repo
+	$(SERVE)
+
+# An existing repository (e.g. one `make repo ENGINE=trtllm` built in the 26.07 container), served as it is: no
+# set-up, no build; the launch mode and world size come from its repository.json. check-repo runs first.
+serve-only: check-repo
+	$(SERVE)
+
+# The static load check (engine_build/check_repo.py); needs only Python and this checkout, no set-up.
+check-repo:
+	$(PY) -m engine_build check-repo --repo $(REPO)
+
+# With SERVER_URL (a running server, e.g. the NGC container's) the tests use it as is and build nothing: tests that
+# need the embedded engine or start their own server skip themselves, naming why (tests/integration/conftest.py).
+# In the container the test clients run in their own venv ($(TEST_VENV)): tritonclient pins protobuf<5, which must
+# not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
+test: $(if $(SERVER_URL),$(TEST_SETUP),repo)
+	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
+
+# The container's test clients: a venv over the system site-packages (torch, transformers) with this package and
+# its test extra, which shadow the system's only inside it.
+$(TEST_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv --system-site-packages $(TEST_VENV)
+	$(TEST_VENV)/bin/pip install -q -e ".[test]"
+	touch $@
 
 bench: repo
 	$(PY) -m tools.bench --repo $(REPO)

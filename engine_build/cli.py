@@ -22,6 +22,8 @@ from engine_build.gpu_plan import PROFILES, Profile, profile_with
 from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
 
+# The tensorrt_llm parameters that hold absolute paths into the repository (where it is served).
+RELOCATED_PARAMETERS = ("gpt_model_path", "tokenizer_dir", "xgrammar_tokenizer_info_path")
 ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
 
 
@@ -112,7 +114,7 @@ def cmd_assemble(args) -> None:
         synthetic=args.synthetic, max_input_len=profile.max_input_len, max_seq_len=profile.max_seq_len,
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         exclude_input_in_output=args.exclude_input_in_output, world_size=args.tp * args.pp,
-        max_draft_len=args.max_draft_len,
+        max_draft_len=args.max_draft_len, guided_decoding=args.guided_decoding,
         **bls_settings(args),
     )
     out = assemble_repository(args.repo, settings)
@@ -166,11 +168,11 @@ def cmd_dist(args) -> None:
 
 
 def cmd_relocate(args) -> None:
-    """Point a TensorRT-LLM repository's gpt_model_path at where it will be served.
+    """Point a TensorRT-LLM repository's paths at where it will be served.
 
-    TensorRT-LLM 1.2.1's C++ backend opens gpt_model_path as given (model_instance_state.cc checks
-    std::filesystem::exists on it: an absolute path, or one relative to tritonserver's working directory),
-    so a moved engine needs its configs rewritten; the Python models resolve their paths themselves.
+    TensorRT-LLM 1.2.1's C++ backend opens gpt_model_path (model_instance_state.cc checks std::filesystem::exists on
+    it) and xgrammar_tokenizer_info_path as given: absolute paths, or ones relative to tritonserver's working
+    directory. So a moved engine needs its configs rewritten; the Python models resolve their paths themselves.
     """
     repo = args.repo.resolve()
     serve_path = Path(args.serve_path)
@@ -180,11 +182,19 @@ def cmd_relocate(args) -> None:
         config = repo / model / "config.pbtxt"
         if not config.is_file() or 'backend: "tensorrtllm"' not in config.read_text():
             continue
-        text = re.sub(r'(key: "gpt_model_path" value: \{ string_value: ")[^"]*(")',
-                      lambda m: f"{m.group(1)}{serve_path / model / '1'}{m.group(2)}", config.read_text())
+        text = config.read_text()
+        for key in RELOCATED_PARAMETERS:
+            text = re.sub(rf'(key: "{key}" value: {{ string_value: ")([^"$]*/{model}/1)((?:/[^"]*)?")',
+                          lambda m: f"{m.group(1)}{serve_path / model / '1'}{m.group(3)}", text)
         parse_model_config(text, str(config))
         config.write_text(text)
-        _stage(f"{model}: gpt_model_path = {serve_path / model / '1'}")
+        _stage(f"{model}: {', '.join(RELOCATED_PARAMETERS)} under {serve_path / model / '1'}")
+
+
+def cmd_check_repo(args) -> None:
+    from engine_build.check_repo import main as check
+
+    sys.exit(check(args.repo))
 
 
 def _sizes(parser: argparse.ArgumentParser, max_draft_len: int) -> None:
@@ -236,6 +246,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=Path("build/dist"))
     p.set_defaults(func=cmd_dist)
 
+    p = sub.add_parser("check-repo", help="static load check of a built repository (what would fail in the container)")
+    p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
+    p.set_defaults(func=cmd_check_repo)
+
     p = sub.add_parser("relocate", help="ENGINE=trtllm: set gpt_model_path for where the repository is served")
     p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
     p.add_argument("--serve-path", required=True, help="absolute path of the repository where it is served")
@@ -257,6 +271,9 @@ def main(argv: list[str] | None = None) -> int:
                             "ensemble and the BLS follow; default as NVIDIA's Llama guide); "
                             "--no-exclude-input-in-output for token-level clients that read the prompt back")
         _sizes(p, max_draft_len=8)  # used only when a draft model is given
+        p.add_argument("--guided-decoding", choices=("xgrammar", "none"), default="xgrammar",
+                       help="ENGINE=trtllm: xgrammar (default) configures TensorRT-LLM's guided decoding (the "
+                            "tokenizer info file beside each engine); none leaves its keys unset")
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)
         if name == "assemble":

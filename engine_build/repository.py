@@ -22,6 +22,10 @@ from typing import Literal
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
 from engine_build.render import render_model_config
+from engine_build.trtllm_config import (
+    ENGINE_TOKENIZER_DIR, FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values,
+    guided_decoding_values,
+)
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = PROJECT_ROOT / "model_repository"
@@ -126,6 +130,9 @@ class RepositorySettings:
     # None: where it is built. `python -m engine_build relocate` changes it after a move.
     serve_path: Path | None = None
     engines_built: bool = True  # false: a dry run rendered the configs, the engine folders are empty
+    # ENGINE=trtllm: xgrammar configures the C++ backend's guided decoding (the tokenizer info file beside the
+    # engine); none leaves its three keys unset, as upstream's template does.
+    guided_decoding: GuidedDecoding = "xgrammar"
     plan: dict | None = None  # the engine plan and capacity check of `make repo ENGINE=trtllm`, for the record
 
 
@@ -345,25 +352,32 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         fraction = settings.draft_kv_cache_fraction
     else:
         fraction = settings.target_kv_cache_fraction_with_draft if settings.draft else settings.target_kv_cache_fraction
-    extra = {}
-    if settings.draft:  # orchestrator mode: both models' ranks on GPUs 0..world_size-1 (same TP x PP)
-        extra["gpu_device_ids"] = ",".join(str(gpu) for gpu in range(settings.world_size))
-    if is_draft and settings.draft_max_kv_tokens:
-        extra["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
     version_dir = out / name / "1"
     version_dir.mkdir(parents=True)
-    config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt", {
-        **common,
-        "engine_dir": str(settings.serve_path / name / "1" if settings.serve_path else version_dir.resolve()),
+    # The C++ backend opens its paths as given: absolute, where the repository will be served.
+    served_version_dir = (settings.serve_path or out) / name / "1"
+    parameters = {
+        **FIXED_PARAMETERS,
+        "engine_dir": str(served_version_dir),
         "batch_scheduler_policy": settings.batch_scheduler_policy,
         "kv_cache_free_gpu_mem_fraction": fraction,
         # Draft-target speculative decoding needs KV cache reuse on both models.
         "enable_kv_cache_reuse": settings.enable_kv_cache_reuse or settings.draft is not None,
         "enable_chunked_context": settings.enable_chunked_context,
         "exclude_input_in_output": settings.exclude_input_in_output,
-        "extra_parameters": "\n".join(
-            f'parameters {{ key: "{key}" value: {{ string_value: "{value}" }} }}' for key, value in extra.items()),
-    }, contract_name=TARGET_MODEL)
+        **guided_decoding_values(settings.guided_decoding, served_version_dir),
+    }
+    if settings.draft:  # orchestrator mode: both models' ranks on GPUs 0..world_size-1 (same TP x PP)
+        parameters["gpu_device_ids"] = ",".join(str(gpu) for gpu in range(settings.world_size))
+    if is_draft and settings.draft_max_kv_tokens:
+        parameters["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
+    if settings.guided_decoding == "xgrammar":
+        from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
+
+        _copy_tokenizer(settings.tokenizer_dir, version_dir / ENGINE_TOKENIZER_DIR)
+        write_xgrammar_tokenizer_info(version_dir / ENGINE_TOKENIZER_DIR, version_dir / XGRAMMAR_TOKENIZER_INFO)
+    config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt",
+                                 {**common, **engine_parameter_values(parameters)}, contract_name=TARGET_MODEL)
     (out / name / "config.pbtxt").write_text(config)
     if settings.engines_built:
         from engine_build.trtllm import copy_engine

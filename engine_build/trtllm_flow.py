@@ -16,6 +16,7 @@ from engine_build.gpu_plan import (
     DRAFT_KV_FRACTION, GiB, TARGET_KV_FRACTION_WITH_DRAFT, Capacity, ModelShape, Profile, check_fp8_kv_cache,
     gpu_compute_capability, gpu_memory_bytes, profile_with,
 )
+from engine_build.check_repo import check_repository
 from engine_build.cli import bls_settings
 from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.trtllm import trtllm_build_command
@@ -110,7 +111,8 @@ class GpuPlan:
             target_kv_cache_fraction_with_draft=TARGET_KV_FRACTION_WITH_DRAFT,
             draft_kv_cache_fraction=DRAFT_KV_FRACTION,
             draft_max_kv_tokens=self.capacity.kv_cache_tokens if self.draft_hf else None,
-            engines_built=not args.dry_run, serve_path=args.serve_path, **bls_settings(args),
+            engines_built=not args.dry_run, serve_path=args.serve_path, guided_decoding=args.guided_decoding,
+            **bls_settings(args),
             plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
                   "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict()},
         )
@@ -179,7 +181,11 @@ def build_trtllm_repository(args, log) -> Path:
     else:
         _run(gpu_plan, log)
     out = assemble_repository(args.repo, gpu_plan.repository_settings(args.hf_model, args))
-    log(f"model repository {'rendered and validated (no engines: dry run)' if args.dry_run else 'ready'}: {out}")
+    report = check_repository(out)
+    print(report.text(out), flush=True)
+    if not report.ok:
+        raise SystemExit(f"the repository in {out} would not load (above); fix what it names and build again")
+    log(f"model repository {'rendered and checked (no engines: dry run)' if args.dry_run else 'ready'}: {out}")
     return out
 
 

@@ -291,24 +291,25 @@ def is_ready(http_url: str) -> bool:
         return False
 
 
-def launch(repo: Path, ports: ServerPorts, world_size: int = 1, address: str = "0.0.0.0",
-           extra_args: tuple[str, ...] = (), python: Path | None = None) -> tuple[list[str], dict[str, str]]:
-    """argv and environment that serve `repo`: the launch mode follows what its repository.json says."""
+def launch(repo: Path, ports: ServerPorts, address: str = "0.0.0.0", extra_args: tuple[str, ...] = (),
+           python: Path | None = None) -> tuple[list[str], dict[str, str]]:
+    """argv and environment that serve `repo`: the launch mode and the engines' world size (TP x PP) follow what
+    its repository.json says, so an existing repository serves as it was built."""
     manifest_file = repo / "repository.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
     orchestrator = needs_orchestrator(manifest)
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
-    command = server_command(repo, ports, address=address, world_size=world_size, engine_model_names=engines,
-                             orchestrator=orchestrator, extra_args=extra_args)
+    command = server_command(repo, ports, address=address, world_size=int(manifest.get("world_size", 1)),
+                             engine_model_names=engines, orchestrator=orchestrator, extra_args=extra_args)
     env = server_environment(python)
     if orchestrator:
         env.update(ORCHESTRATOR_ENVIRONMENT)
     return command, env
 
 
-def serve(repo: Path, ports: ServerPorts, world_size: int) -> int:
+def serve(repo: Path, ports: ServerPorts) -> int:
     """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
-    command, env = launch(repo, ports, world_size)
+    command, env = launch(repo, ports)
     if warning := http_queue_warning():
         print(warning, file=sys.stderr, flush=True)
     overrides = " ".join(f"{key}={env[key]}" for key in ORCHESTRATOR_ENVIRONMENT if key in env)
@@ -346,7 +347,6 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--http-port", type=int, default=8000)
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
-    run.add_argument("--world-size", type=int, default=1)
     args = parser.parse_args(argv)
     if args.command == "install-stub":
         target = install_stub()
@@ -354,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
-    return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port), args.world_size)
+    return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port))
 
 
 if __name__ == "__main__":

@@ -147,15 +147,18 @@ def test_bls_instances_follow_the_host_cores():
     assert [default_bls_instance_count(False, n) for n in cpus] == [4, 4, 4, 8, 16, 32, 32]
 
 
-def test_trtllm_config_targets_the_cpp_backend():
-    text = render_model_config(TEMPLATES / "tensorrt_llm" / "config.pbtxt", {
+def _trtllm_config(engine_dir: str, **parameters) -> str:
+    from engine_build.trtllm_config import engine_parameter_values
+
+    return render_model_config(TEMPLATES / "tensorrt_llm" / "config.pbtxt", {
         "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
-        "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/engines/llama3",
-        "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.5,
-        "enable_kv_cache_reuse": True, "exclude_input_in_output": True, "extra_parameters": "",
-        "enable_chunked_context": True,
+        "max_queue_delay_microseconds": 0, "max_queue_size": 0,
+        **engine_parameter_values({"engine_dir": engine_dir, **parameters}),
     }, contract_name="tensorrt_llm")
-    config = parse_model_config(text, "trtllm")
+
+
+def test_trtllm_config_targets_the_cpp_backend():
+    config = parse_model_config(_trtllm_config("/engines/llama3", enable_kv_cache_reuse=True), "trtllm")
     assert config.backend == "tensorrtllm"
     assert config.parameters["gpt_model_path"].string_value == "/engines/llama3"
     assert config.parameters["enable_kv_cache_reuse"].string_value == "true"
@@ -249,17 +252,17 @@ def test_relocate_points_the_cpp_backend_at_the_served_path(tmp_path):
 
     repo = tmp_path / "repo"
     (repo / "tensorrt_llm").mkdir(parents=True)
-    text = render_model_config(TEMPLATES / "tensorrt_llm" / "config.pbtxt", {
-        "model_name": "tensorrt_llm", "triton_max_batch_size": 8, "decoupled_mode": True,
-        "max_queue_delay_microseconds": 0, "max_queue_size": 0, "engine_dir": "/build/machine/tensorrt_llm/1",
-        "batch_scheduler_policy": "guaranteed_no_evict", "kv_cache_free_gpu_mem_fraction": 0.9,
-        "enable_kv_cache_reuse": True, "exclude_input_in_output": False, "extra_parameters": "",
-        "enable_chunked_context": True,
-    }, contract_name="tensorrt_llm")
+    built = "/build/machine/tensorrt_llm/1"
+    text = _trtllm_config(built, tokenizer_dir=f"{built}/tokenizer", guided_decoding_backend="xgrammar",
+                          xgrammar_tokenizer_info_path=f"{built}/xgrammar_tokenizer_info.json")
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(text)
     cli.main(["relocate", "--repo", str(repo), "--serve-path", "/models/llama3"])
     config = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "moved")
     assert config.parameters["gpt_model_path"].string_value == "/models/llama3/tensorrt_llm/1"
+    assert config.parameters["tokenizer_dir"].string_value == "/models/llama3/tensorrt_llm/1/tokenizer"
+    assert (config.parameters["xgrammar_tokenizer_info_path"].string_value
+            == "/models/llama3/tensorrt_llm/1/xgrammar_tokenizer_info.json")
+    assert config.parameters["lora_prefetch_dir"].string_value == "${lora_prefetch_dir}"  # unset stays unset
     with pytest.raises(SystemExit, match="must be absolute"):
         cli.main(["relocate", "--repo", str(repo), "--serve-path", "models/llama3"])
 

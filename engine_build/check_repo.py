@@ -1,0 +1,479 @@
+"""`make check-repo REPO=...`: what in a built repository would keep a model from loading in the 26.07 container.
+
+A static check, without tritonserver, a GPU or TensorRT-LLM, of every model against what its backend reads:
+- the tensorrtllm C++ backend's parameters (engine_build/upstream_parameters.py: every key upstream's template
+  declares, how each is read, what a value must look like, the files the paths name);
+- the Python backend's parameters, each Python model's files and the imports of every Python file it ships against
+  what the container installs (engine_build/container_python.py);
+- tensors, dtypes, dims, reshapes against bls/contract.py (held to NVIDIA's 1.2.1 contracts by
+  tests/unit/test_contract.py); the decoupled policy; the ensemble's wiring and batch sizes; the models the BLS names;
+- every file against repository.json (what each Python model verifies at load).
+Exit status 1 when anything would fail; what cannot be checked here is printed as such.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bls.artifact import MANIFEST, ArtifactError, verify_model_files
+from bls.contract import CONTRACTS, ModelContract, TensorSpec
+from engine_build.container_python import why_not_importable
+from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
+from engine_build.upstream_parameters import (
+    PARAMETER_READS, PYTHON_BACKEND_PARAMETER_READS, UPSTREAM_TEMPLATE_PARAMETERS, XGRAMMAR_TOKENIZER_INFO_FIELDS,
+    ParameterRead, is_unset,
+)
+
+RELAY_BACKEND = "llama3_relay"
+RELAY_LIBRARY = "libtriton_llama3_relay.so"
+BACKENDS = ("python", "tensorrtllm", RELAY_BACKEND)
+# Which contract each model of ours answers to (the embedded engine behind the benchmark's relay is `<engine>_python`).
+CONTRACT_OF = {
+    "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "tensorrt_llm_python": "tensorrt_llm",
+    "tensorrt_llm_draft_python": "tensorrt_llm", "preprocessing": "preprocessing", "postprocessing": "postprocessing",
+    "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
+}
+# Parameters of our Python models that name a path relative to the model's version folder, and the file it must hold.
+PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "checkpoint_dir": ("config.json",)}
+BLS_MODEL_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
+                        "tensorrt_llm_draft_model_name", "python_model_name")
+BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)
+    unchecked: list[str] = field(default_factory=list)
+
+    def fail(self, model: str, reason: str) -> None:
+        self.problems.append(f"{model}: {reason}")
+
+    def cannot_check(self, model: str, what: str) -> None:
+        self.unchecked.append(f"{model}: {what}")
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def text(self, repo: Path) -> str:
+        lines = [f"check-repo {repo}: " + ("every model would load" if self.ok else
+                                           f"{len(self.problems)} problem(s): these would fail to load or misbehave")]
+        lines += [f"  FAIL {problem}" for problem in self.problems]
+        lines += [f"  not checked here: {item}" for item in self.unchecked]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    directory: Path
+    config: dict
+
+    @property
+    def backend(self) -> str | None:
+        return first(self.config, "backend")
+
+    @property
+    def parameters(self) -> dict[str, str]:
+        return parameters(self.config)
+
+    @property
+    def decoupled(self) -> bool:
+        return bool(first(first(self.config, "model_transaction_policy", {}), "decoupled", False))
+
+    def tensors(self, kind: str) -> dict[str, dict]:
+        return {first(t, "name"): t for t in self.config.get(kind, [])}
+
+
+def check_repository(repo: Path) -> Report:
+    repo = Path(repo).resolve()
+    report = Report()
+    if not (repo / MANIFEST).is_file():
+        report.fail("repository", f"no {MANIFEST}: not built by `make repo`, so what it should hold is unknown")
+        return report
+    manifest = json.loads((repo / MANIFEST).read_text())
+    models: dict[str, Model] = {}
+    for directory in sorted(p for p in repo.iterdir() if p.is_dir()):
+        config_file = directory / "config.pbtxt"
+        if not config_file.is_file():
+            report.fail(directory.name, "no config.pbtxt (tritonserver --disable-auto-complete-config needs one)")
+            continue
+        try:
+            models[directory.name] = Model(directory.name, directory, parse_pbtxt(config_file.read_text()))
+        except PbtxtError as error:
+            report.fail(directory.name, f"config.pbtxt does not parse: {error}")
+    for name in manifest.get("models", []):
+        if name not in models and not (repo / name).is_dir():
+            report.fail(name, f"listed in {MANIFEST} but missing from the repository")
+    for model in models.values():
+        _check_model(model, models, manifest, report)
+    return report
+
+
+def _check_model(model: Model, models: dict[str, Model], manifest: dict, report: Report) -> None:
+    name = model.name
+    if first(model.config, "name") != name:
+        report.fail(name, f"config name {first(model.config, 'name')!r} differs from its directory {name!r}")
+    version_dir = model.directory / "1"
+    if not version_dir.is_dir():
+        report.fail(name, "no version folder 1/")
+        return
+    try:
+        verify_model_files(version_dir)
+    except ArtifactError as error:
+        report.fail(name, str(error))
+    if first(model.config, "platform") == "ensemble":
+        _check_ensemble(model, models, report)
+    elif model.backend not in BACKENDS:
+        report.fail(name, f"backend {model.backend!r} is none of {BACKENDS}")
+        return
+    _check_tensors(model, report)
+    _check_decoupled(model, manifest, report)
+    if model.backend == "python":
+        _check_python_model(model, models, report)
+    elif model.backend == "tensorrtllm":
+        _check_tensorrtllm_model(model, manifest, report)
+    elif model.backend == RELAY_BACKEND:
+        if not (version_dir / RELAY_LIBRARY).is_file():
+            report.fail(name, f"backend {RELAY_BACKEND} needs 1/{RELAY_LIBRARY} (compiled by make repo): missing")
+        _check_named_models(model, models, report)
+
+
+# ---- tensors -------------------------------------------------------------------------------------------------------
+
+def _check_tensors(model: Model, report: Report) -> None:
+    contract_name = CONTRACT_OF.get(model.name)
+    if contract_name is None:
+        report.fail(model.name, "a model this repository's contracts (bls/contract.py) do not know")
+        return
+    contract: ModelContract = CONTRACTS[contract_name]
+    # A relay forwards inputs as it receives them: its config declares them without the reshapes.
+    reshape = model.backend != RELAY_BACKEND
+    for kind, specs in (("input", contract.inputs), ("output", contract.outputs)):
+        declared = model.tensors(kind)
+        expected = {spec.name: spec for spec in specs}
+        for missing in sorted(set(expected) - set(declared)):
+            report.fail(model.name, f"{kind} {missing!r} of the {contract_name} contract is not declared")
+        for extra in sorted(set(declared) - set(expected)):
+            report.fail(model.name, f"{kind} {extra!r} is not in the {contract_name} contract")
+        for tensor_name in sorted(set(declared) & set(expected)):
+            for problem in _tensor_differences(declared[tensor_name], expected[tensor_name], kind, reshape):
+                report.fail(model.name, f"{kind} {tensor_name!r}: {problem}")
+
+
+def _tensor_differences(tensor: dict, spec: TensorSpec, kind: str, reshape: bool) -> list[str]:
+    problems = []
+    if first(tensor, "data_type") != spec.data_type:
+        problems.append(f"data_type {first(tensor, 'data_type')}, the contract says {spec.data_type}")
+    dims = tuple(tensor.get("dims", []))
+    if dims != tuple(spec.dims):
+        problems.append(f"dims {list(dims)}, the contract says {list(spec.dims)}")
+    if kind == "input":
+        if bool(first(tensor, "optional", False)) != spec.optional:
+            problems.append(f"optional {bool(first(tensor, 'optional', False))}, the contract says {spec.optional}")
+        has_reshape = "reshape" in tensor
+        if has_reshape != (spec.reshape_scalar and reshape):
+            problems.append("reshape to a scalar " + ("declared" if has_reshape else "missing") +
+                            ": the backend would read it in another shape")
+        if bool(first(tensor, "allow_ragged_batch", False)) != spec.allow_ragged_batch:
+            problems.append(f"allow_ragged_batch {not spec.allow_ragged_batch}, the contract says "
+                            f"{spec.allow_ragged_batch}")
+    return problems
+
+
+def _check_decoupled(model: Model, manifest: dict, report: Report) -> None:
+    if first(model.config, "platform") == "ensemble" or model.name in ("preprocessing", "postprocessing"):
+        return
+    if model.backend == RELAY_BACKEND:
+        if not model.decoupled:
+            report.fail(model.name, "the relay sends its responses from a decoupled model: decoupled must be true")
+        return
+    wanted = bool(manifest.get("decoupled", True))
+    if model.decoupled != wanted:
+        report.fail(model.name, f"decoupled {model.decoupled}, but the repository was built with decoupled={wanted} "
+                                "(the BLS and the engines must agree: a streamed request needs decoupled engines)")
+
+
+# ---- ensemble ------------------------------------------------------------------------------------------------------
+
+def _check_ensemble(model: Model, models: dict[str, Model], report: Report) -> None:
+    scheduling = first(model.config, "ensemble_scheduling", {})
+    available = dict(model.tensors("input"))  # tensor name -> its declaration, as it becomes available
+    produced: set[str] = set()
+    batch = first(model.config, "max_batch_size", 0)
+    for step in scheduling.get("step", []):
+        step_name = first(step, "model_name")
+        target = models.get(step_name)
+        if target is None:
+            report.fail(model.name, f"a step calls model {step_name!r}, which the repository does not have")
+            continue
+        if first(target.config, "max_batch_size", 0) < batch:
+            report.fail(model.name, f"max_batch_size {batch} exceeds {step_name}'s "
+                                    f"{first(target.config, 'max_batch_size', 0)} (Triton refuses the ensemble)")
+        inputs, outputs = target.tensors("input"), target.tensors("output")
+        mapped = {}
+        for entry in step.get("input_map", []):
+            key, value = first(entry, "key"), first(entry, "value")
+            mapped[key] = value
+            if key not in inputs:
+                report.fail(model.name, f"step {step_name}: {key!r} is not an input of {step_name}")
+            elif value not in available:
+                report.fail(model.name, f"step {step_name}: input {key!r} reads {value!r}, which no ensemble input "
+                                        "or earlier step provides")
+            elif first(available[value], "data_type") != first(inputs[key], "data_type"):
+                report.fail(model.name, f"step {step_name}: {value!r} is {first(available[value], 'data_type')}, "
+                                        f"{step_name}'s {key!r} is {first(inputs[key], 'data_type')}")
+        for key, tensor in inputs.items():
+            if key not in mapped and not first(tensor, "optional", False):
+                report.fail(model.name, f"step {step_name}: required input {key!r} is not mapped")
+        for entry in step.get("output_map", []):
+            key, value = first(entry, "key"), first(entry, "value")
+            if key not in outputs:
+                report.fail(model.name, f"step {step_name}: {key!r} is not an output of {step_name}")
+                continue
+            available[value] = outputs[key]
+            produced.add(value)
+    for name, tensor in model.tensors("output").items():
+        if name not in produced:
+            report.fail(model.name, f"output {name!r} is produced by no step")
+        elif first(available[name], "data_type") != first(tensor, "data_type"):
+            report.fail(model.name, f"output {name!r} is {first(tensor, 'data_type')}, its step produces "
+                                    f"{first(available[name], 'data_type')}")
+
+
+# ---- Python models -------------------------------------------------------------------------------------------------
+
+def _check_python_model(model: Model, models: dict[str, Model], report: Report) -> None:
+    version_dir = model.directory / "1"
+    if not (version_dir / "model.py").is_file():
+        report.fail(model.name, "backend python needs 1/model.py: missing")
+        return
+    params = model.parameters
+    for read in PYTHON_BACKEND_PARAMETER_READS:
+        if read.name not in params:
+            continue
+        value = params[read.name]
+        if read.accepted is not None and value not in read.accepted:
+            report.fail(model.name, f"{read.name} {value!r} is none of {read.accepted}: {read.fatal}")
+        if read.name == "EXECUTION_ENV_PATH":
+            path = Path(value.replace("$$TRITON_MODEL_DIRECTORY", str(model.directory)))
+            if not path.exists():
+                report.fail(model.name, f"EXECUTION_ENV_PATH {value} does not exist: {read.fatal}")
+    for key, wanted_files in PYTHON_MODEL_PATHS.items():
+        if key in params:
+            folder = version_dir / params[key]
+            if not any((folder / wanted).is_file() for wanted in wanted_files):
+                report.fail(model.name, f"{key} {params[key]!r} (relative to 1/) holds none of {wanted_files}")
+    _check_named_models(model, models, report)
+    engine_model = CONTRACT_OF.get(model.name) == "tensorrt_llm"
+    for problem in python_import_problems(version_dir, engine_model):
+        report.fail(model.name, problem)
+
+
+def _check_named_models(model: Model, models: dict[str, Model], report: Report) -> None:
+    for key in BLS_MODEL_PARAMETERS:
+        named = model.parameters.get(key)
+        if named and named not in models:
+            report.fail(model.name, f"{key} names {named!r}, which the repository does not have")
+
+
+def python_import_problems(version_dir: Path, engine_model: bool) -> list[str]:
+    """Every import statement of every Python file under `version_dir` (what the model can import, at load or
+    later) that the 26.07 container cannot satisfy; modules shipped beside model.py count as present, and an import
+    inside `try: ... except ImportError` as optional."""
+    local = {p.stem for p in version_dir.glob("*.py")} | {p.name for p in version_dir.iterdir()
+                                                         if (p / "__init__.py").is_file()}
+    problems = []
+    for path in sorted(version_dir.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        try:
+            tree = ast.parse(path.read_text(), str(path))
+        except SyntaxError as error:
+            problems.append(f"{path.relative_to(version_dir)} does not parse: {error}")
+            continue
+        for node, module in _imports(tree):
+            top = module.split(".")[0]
+            if top in local:
+                continue
+            reason = why_not_importable(top, engine_model)
+            if reason:
+                problems.append(f"{path.relative_to(version_dir.parent)} line {node.lineno} imports {module}: {reason}")
+    return problems
+
+
+def _imports(tree: ast.AST):
+    optional = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Try) and any(_catches_import_error(h) for h in node.handlers):
+            optional.update(id(inner) for statement in node.body for inner in ast.walk(statement))
+    for node in ast.walk(tree):
+        if id(node) in optional:
+            continue
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield node, alias.name
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node, node.module
+
+
+def _catches_import_error(handler: ast.ExceptHandler) -> bool:
+    names = {n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)} if handler.type else set()
+    return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+# ---- the tensorrtllm C++ backend -----------------------------------------------------------------------------------
+
+def _check_tensorrtllm_model(model: Model, manifest: dict, report: Report) -> None:
+    params = model.parameters
+    template = dict(UPSTREAM_TEMPLATE_PARAMETERS)
+    for key, upstream_value in UPSTREAM_TEMPLATE_PARAMETERS:
+        if key not in params:
+            read = PARAMETER_READS.get(key)
+            fatal = read is not None and read.fatal_when_missing
+            report.fail(model.name, f"parameter {key!r} is missing" + (
+                f": the backend reads it outside any try/catch ({read.source}), 'Cannot find parameter with name: "
+                f"{key}' fails the load" if fatal else ": upstream's template declares it (1.2 contract)"))
+        elif not upstream_value.startswith("${") and params[key] != upstream_value:
+            report.fail(model.name, f"parameter {key!r} is {params[key]!r}; upstream's template has {upstream_value!r}")
+    for key in sorted(set(params) - set(template) - set(PARAMETER_READS)):
+        report.fail(model.name, f"parameter {key!r} is read by no 1.2.1 backend code (a typo?)")
+    for key, value in params.items():
+        read = PARAMETER_READS.get(key)
+        if read is not None and not is_unset(key, value):
+            problem = _value_problem(read, value)
+            if problem:
+                report.fail(model.name, f"parameter {key}={value!r}: {problem}")
+    _check_required_values(model, params, report)
+    _check_engine_files(model, params, manifest, report)
+    _check_guided_decoding(model, params, report)
+    groups = params.get("gpu_device_ids", "")
+    if not is_unset("gpu_device_ids", groups) and not _value_problem(PARAMETER_READS["gpu_device_ids"], groups):
+        world = int(manifest.get("world_size", 1))
+        for group in groups.split(";"):
+            if len(group.split(",")) != world:
+                report.fail(model.name, f"gpu_device_ids group {group!r} names {len(group.split(','))} GPU(s); the "
+                                        f"engine has {world} rank(s)")
+
+
+def _value_problem(read: ParameterRead, value: str) -> str | None:
+    """Why the backend would not take `value` as meant (None when it would)."""
+    fallback = f"the backend falls back to {read.default}" if read.guarded else "the load fails"
+    integer = re.compile(r"-?\d+$")
+    kind_ok = {
+        "string": True, "path": True,
+        "bool": value in BOOL_TEXT,
+        "int": bool(integer.match(value)),
+        "uint": bool(re.match(r"\d+$", value)),
+        "float": _is_float(value),
+        "int_list": all(integer.match(v.strip()) for v in value.split(",")),
+        "int_list_list": bool(re.match(r"^\s*\{[\d\s,]*\}(\s*,\s*\{[\d\s,]*\})*\s*$", value)),
+        "device_groups": all(integer.match(v.strip()) for group in value.split(";") for v in group.split(",")),
+    }[read.kind]
+    if not kind_ok:
+        return f"not a {read.cpp_type}: {fallback}"
+    if read.accepted is not None and value not in read.accepted:
+        return f"none of {read.accepted}: {fallback}"
+    if read.name in ("kv_cache_free_gpu_mem_fraction", "lora_cache_gpu_memory_fraction", "gpu_weights_percent") \
+            and not 0 < float(value) <= 1:
+        return "a fraction must be in (0, 1]"
+    return None
+
+
+def _is_float(value: str) -> bool:
+    try:
+        float(value)
+        return True
+    except ValueError:
+        return False
+
+
+def _check_required_values(model: Model, params: dict[str, str], report: Report) -> None:
+    if is_unset("gpt_model_type", params.get("gpt_model_type", "")):
+        report.fail(model.name, "gpt_model_type is unset: getBatchingTypeFromParams throws 'Invalid gpt_model_type'")
+    if params.get("decoding_mode") == "lookahead":
+        for key in ("lookahead_window_size", "lookahead_ngram_size", "lookahead_verification_set_size"):
+            if is_unset(key, params.get(key, "")):
+                report.fail(model.name, f"decoding_mode lookahead without {key}: the load fails")
+
+
+def served_path(model: Model, value: str) -> tuple[Path, bool]:
+    """Where an absolute path of the config is in this repository: as given when it exists, else the repository's
+    own copy when the path points into `<model>/1` of a repository served elsewhere. (path, as_given)."""
+    path = Path(value)
+    if path.exists():
+        return path, True
+    marker = f"/{model.name}/1"
+    if marker in value:
+        return model.directory / "1" / value.split(marker, 1)[1].lstrip("/"), False
+    return path, True
+
+
+def _check_engine_files(model: Model, params: dict[str, str], manifest: dict, report: Report) -> None:
+    value = params.get("gpt_model_path", "")
+    if is_unset("gpt_model_path", value):
+        report.fail(model.name, "gpt_model_path is unset and there is no encoder: 'Both encoder and decoder model "
+                                "paths are empty' fails the load")
+        return
+    if not Path(value).is_absolute():
+        report.cannot_check(model.name, f"gpt_model_path {value} is relative to tritonserver's working directory")
+        return
+    path, as_given = served_path(model, value)
+    if not as_given:
+        report.cannot_check(model.name, f"gpt_model_path {value} (served elsewhere): checked this repository's "
+                                        f"{model.name}/1 instead")
+    if not manifest.get("engines_built", True):
+        report.cannot_check(model.name, "the engine files (a dry run builds none)")
+        if not path.is_dir():
+            report.fail(model.name, f"gpt_model_path {value}: no such directory")
+        return
+    world = int(manifest.get("world_size", 1))
+    wanted = ["config.json"] + [f"rank{rank}.engine" for rank in range(world)]
+    missing = [name for name in wanted if not (path / name).is_file()]
+    if missing:
+        report.fail(model.name, f"gpt_model_path {value} lacks {missing}: the executor cannot load the engine")
+
+
+def _check_guided_decoding(model: Model, params: dict[str, str], report: Report) -> None:
+    backend = params.get("guided_decoding_backend", "")
+    info = params.get("xgrammar_tokenizer_info_path", "")
+    tokenizer = params.get("tokenizer_dir", "")
+    if not is_unset("tokenizer_dir", tokenizer):
+        path, _ = served_path(model, tokenizer)
+        if not (path / "tokenizer.json").is_file():
+            report.fail(model.name, f"tokenizer_dir {tokenizer} holds no tokenizer.json")
+    if is_unset("guided_decoding_backend", backend):
+        return
+    if is_unset("xgrammar_tokenizer_info_path", info):
+        report.fail(model.name, "guided_decoding_backend is set but xgrammar_tokenizer_info_path is not: the backend "
+                                "silently turns guided decoding off")
+        return
+    path, _ = served_path(model, info)
+    if not path.is_file():
+        report.fail(model.name, f"xgrammar_tokenizer_info_path {info} does not exist: TLLM_CHECK fails the load")
+        return
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        report.fail(model.name, f"xgrammar_tokenizer_info_path {info} is not JSON ({error}): the load fails")
+        return
+    checks = {
+        "encoded_vocab": lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
+        "tokenizer_str": lambda v: isinstance(v, str),
+        "stop_token_ids": lambda v: isinstance(v, list) and all(isinstance(t, int) for t in v),
+    }
+    for key, check in checks.items():
+        if key not in data or not check(data[key]):
+            report.fail(model.name, f"{info}: {key} must be a {XGRAMMAR_TOKENIZER_INFO_FIELDS[key]}: nlohmann::json "
+                                    "throws at load")
+
+
+def main(repo: Path) -> int:
+    report = check_repository(repo)
+    print(report.text(Path(repo).resolve()), file=sys.stdout if report.ok else sys.stderr, flush=True)
+    return 0 if report.ok else 1
