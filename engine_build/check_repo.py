@@ -303,7 +303,7 @@ def python_import_problems(version_dir: Path, engine_model: bool) -> list[str]:
                 continue
             reason = why_not_importable(top, engine_model)
             if reason:
-                problems.append(f"{path.relative_to(version_dir.parent)} line {node.lineno} imports {module}: {reason}")
+                problems.append(f"{path.relative_to(version_dir.parent.parent)} line {node.lineno} imports {module}: {reason}")
     return problems
 
 
@@ -402,16 +402,25 @@ def _check_required_values(model: Model, params: dict[str, str], report: Report)
                 report.fail(model.name, f"decoding_mode lookahead without {key}: the load fails")
 
 
-def served_path(model: Model, value: str) -> tuple[Path, bool]:
-    """Where an absolute path of the config is in this repository: as given when it exists, else the repository's
-    own copy when the path points into `<model>/1` of a repository served elsewhere. (path, as_given)."""
-    path = Path(value)
-    if path.exists():
-        return path, True
+def served_path(model: Model, value: str, report: Report) -> Path:
+    """Where an absolute path of the config is for this repository. A path into `<root>/<model>/1` names this
+    repository's own file when <root> is where it lies; when <root> is elsewhere (built to be served there,
+    `--serve-path` / relocate), this repository's copy is checked and that is said; when <root> is another repository
+    that exists here, the backend would read that one's files, which is reported."""
     marker = f"/{model.name}/1"
-    if marker in value:
-        return model.directory / "1" / value.split(marker, 1)[1].lstrip("/"), False
-    return path, True
+    if marker not in value:
+        return Path(value)
+    root, tail = value.split(marker, 1)
+    own = model.directory / "1" / tail.lstrip("/")
+    if Path(root).resolve() == model.directory.parent:
+        return own
+    if Path(value).exists():
+        report.fail(model.name, f"{value} points into another repository ({root}): served from here, the backend "
+                                f"would read that one's files (python -m engine_build relocate --serve-path "
+                                f"{model.directory.parent})")
+    else:
+        report.cannot_check(model.name, f"{value} (to be served from {root}): checked this repository's copy")
+    return own
 
 
 def _check_engine_files(model: Model, params: dict[str, str], manifest: dict, report: Report) -> None:
@@ -423,10 +432,7 @@ def _check_engine_files(model: Model, params: dict[str, str], manifest: dict, re
     if not Path(value).is_absolute():
         report.cannot_check(model.name, f"gpt_model_path {value} is relative to tritonserver's working directory")
         return
-    path, as_given = served_path(model, value)
-    if not as_given:
-        report.cannot_check(model.name, f"gpt_model_path {value} (served elsewhere): checked this repository's "
-                                        f"{model.name}/1 instead")
+    path = served_path(model, value, report)
     if not manifest.get("engines_built", True):
         report.cannot_check(model.name, "the engine files (a dry run builds none)")
         if not path.is_dir():
@@ -444,7 +450,7 @@ def _check_guided_decoding(model: Model, params: dict[str, str], report: Report)
     info = params.get("xgrammar_tokenizer_info_path", "")
     tokenizer = params.get("tokenizer_dir", "")
     if not is_unset("tokenizer_dir", tokenizer):
-        path, _ = served_path(model, tokenizer)
+        path = served_path(model, tokenizer, report)
         if not (path / "tokenizer.json").is_file():
             report.fail(model.name, f"tokenizer_dir {tokenizer} holds no tokenizer.json")
     if is_unset("guided_decoding_backend", backend):
@@ -453,7 +459,7 @@ def _check_guided_decoding(model: Model, params: dict[str, str], report: Report)
         report.fail(model.name, "guided_decoding_backend is set but xgrammar_tokenizer_info_path is not: the backend "
                                 "silently turns guided decoding off")
         return
-    path, _ = served_path(model, info)
+    path = served_path(model, info, report)
     if not path.is_file():
         report.fail(model.name, f"xgrammar_tokenizer_info_path {info} does not exist: TLLM_CHECK fails the load")
         return
