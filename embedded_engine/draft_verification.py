@@ -9,6 +9,11 @@ tokens, exactly the tokens the target alone would have produced (for greedy requ
 
 end_id, stop words and the token limit are checked after every token, so an accepted run is cut where the
 sequence ends. A plain decode step is the same thing with no draft tokens.
+
+Guided decoding: the sampler masks every row with the grammar state after the tokens accepted so far, so a draft
+token the grammar does not allow is never the target's choice and is rejected like any mismatch; the grammar only
+ever sees accepted tokens (no rollback), and greedy guided output equals the target's alone. A guide's stop token
+ends the sequence as end_id does.
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ def accept_tokens(
     step = StepTokens()
     for row in range(len(draft) + 1):
         chosen = sampler.choose(logits[row], tokens)
-        if stop.is_end(chosen.token_id):
+        if stop.is_end(chosen.token_id) or sampler.grammar_ended:
             step.finish_reason = FinishReason.END_ID
             break
         tokens.append(chosen.token_id)

@@ -6,6 +6,8 @@ too. Each batch row becomes one `GenerationRequest`; every problem is an `Invali
 
 Choices (TensorRT-LLM leaves them to the deployment): end_id absent means "never stop on a token";
 draft_input_ids needs batch size 1 (a ragged [batch, N] tensor carries no per-row draft lengths).
+A guide (guided_decoding_guide_type / guided_decoding_guide) is compiled here, before the request is queued
+(embedded_engine.guided says how and where that differs from TensorRT-LLM 1.2.1).
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bls.batch import BatchInputs
+from bls.batch import BatchInputs, decode_utf8
 from bls.contract import RENAMED_INPUTS
 from bls.errors import InvalidRequest
 from bls.token_ids import check_token_ids
 from bls.word_lists import WordList
+from embedded_engine.guided import GUIDE_INPUT, GUIDE_TYPE_INPUT, CompiledGuide, GrammarCache, parse_guide
 from embedded_engine.sampling import SamplingParams
 from embedded_engine.stopping import StopCriteria
 
@@ -34,6 +37,7 @@ SUPPORTED_INPUTS = frozenset(
         "presence_penalty", "frequency_penalty", "seed", "return_log_probs",
         "return_context_logits", "return_generation_logits", "return_perf_metrics", "return_num_input_tokens",
         "return_num_output_tokens", "exclude_input_in_output", "stop", "streaming",
+        GUIDE_TYPE_INPUT, GUIDE_INPUT,
         # Sent by upstream clients and preprocessing for encoder-decoder models; a decoder-only model
         # ignores them, as the tensorrtllm backend does.
         "decoder_input_ids", "decoder_input_lengths",
@@ -44,7 +48,6 @@ SUPPORTED_INPUTS = frozenset(
 # Why the rest is refused, by the first word of the input's name (the message names the input too).
 _UNSUPPORTED_FEATURES = {
     "lora": "LoRA adapters are not supported by the embedded engine",
-    "guided": "guided decoding is not supported by the embedded engine",
     "lookahead": "lookahead decoding is not supported by the embedded engine",
     "retention": "KV-cache retention priorities are not supported by the embedded engine",
     "draft": "draft logits are not supported by the embedded engine (draft_input_ids are)",
@@ -93,6 +96,7 @@ class GenerationRequest:
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
     arrival_ns: int = 0  # time.time_ns() when the Triton request arrived (perf metrics)
+    guide: CompiledGuide | None = None  # guided decoding: the compiled grammar the output must follow
 
     @property
     def stop_criteria(self) -> StopCriteria:
@@ -107,8 +111,10 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
 
 def parse_generation_requests(
     inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool,
-    arrival_ns: int = 0,
+    arrival_ns: int = 0, grammars: GrammarCache | None = None,
 ) -> list[GenerationRequest]:
+    """`grammars`: the engine's compiler for guided decoding (None: the engine has no tokenizer info, and a
+    guided request is refused, as TensorRT-LLM refuses one when guided decoding is not configured)."""
     for name in inputs:
         if name not in SUPPORTED_INPUTS:
             raise InvalidRequest(name, unsupported_input_problem(name))
@@ -123,14 +129,14 @@ def parse_generation_requests(
         raise InvalidRequest("draft_input_ids", "needs a request with batch size 1")
     rows = BatchInputs(inputs, batch_size)
     return [
-        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input, arrival_ns)
+        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input, arrival_ns, grammars)
         for row in range(batch_size)
     ]
 
 
 def _parse_row(
     rows: BatchInputs, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits,
-    default_exclude_input: bool, arrival_ns: int,
+    default_exclude_input: bool, arrival_ns: int, grammars: GrammarCache | None,
 ) -> GenerationRequest:
     vocab = limits.vocab_size
     prompt_len = rows.scalar("input_lengths", row, int)
@@ -196,7 +202,21 @@ def _parse_row(
         return_num_input_tokens=rows.scalar("return_num_input_tokens", row, bool, False),
         return_num_output_tokens=rows.scalar("return_num_output_tokens", row, bool, False),
         arrival_ns=arrival_ns,
+        guide=_compiled_guide(rows, row, grammars),
     )
+
+
+def _compiled_guide(rows: BatchInputs, row: int, grammars: GrammarCache | None) -> CompiledGuide | None:
+    def text(name: str) -> str | None:
+        return rows.scalar(name, row, lambda value: decode_utf8(value, name))
+
+    guide = parse_guide(text(GUIDE_TYPE_INPUT), text(GUIDE_INPUT))
+    if guide is None:
+        return None
+    if grammars is None:
+        raise InvalidRequest(GUIDE_TYPE_INPUT, "guided decoding is not configured for this engine (its "
+                             "guided_decoding_backend / xgrammar_tokenizer_info_path parameters are unset)")
+    return grammars.compile(guide)
 
 
 def _sampling_params(rows: BatchInputs, row: int, vocab: int) -> SamplingParams:

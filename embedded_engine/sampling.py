@@ -12,7 +12,9 @@ Choices made where TensorRT-LLM leaves room (documented here because clients see
 - repetition_penalty follows transformers (divide positive logits, multiply negative ones) over the
   prompt and the output; presence/frequency follow OpenAI (subtract) over the output only.
 - min_tokens bans end_id and every token that would complete a stop word until min_tokens tokens
-  have been generated.
+  have been generated; never a guide's stop tokens (a complete document can only end).
+- Guided decoding: the grammar's mask comes first (TensorRT-LLM applies its bitmask to the model's logits before
+  the sampling layers), so log-probs are those of the grammar-restricted distribution.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from embedded_engine.guided import CompiledGuide, GrammarConstraint, GuideDeadEnd, GUIDE_INPUT
 from embedded_engine.stopping import WordList
 
 
@@ -90,8 +93,10 @@ class TokenSampler:
         end_id: int | None,
         stop_words: WordList,
         want_log_probs: bool,
+        guide: CompiledGuide | None = None,
     ):
         self._params = params
+        self._grammar = None if guide is None else GrammarConstraint(guide, vocab_size)
         self._end_id = end_id
         self._stop_words = stop_words
         self._want_log_probs = want_log_probs
@@ -125,6 +130,9 @@ class TokenSampler:
         # Never write into the caller's row (it may be returned as generation_logits): copy on first write.
         logits = logits.float()
         owned = False
+        if self._grammar is not None:
+            logits, owned = logits.clone(), True
+            self._grammar.mask(logits)
         if self._bias is not None:
             logits, owned = logits + self._bias, True
         banned = params.bad_words.completing_tokens(tokens) if params.bad_words else set()
@@ -133,11 +141,16 @@ class TokenSampler:
                 banned.add(self._end_id)
             if self._stop_words:
                 banned |= self._stop_words.completing_tokens(tokens)
+            if self._grammar is not None:
+                banned -= self._grammar.stop_token_ids
         penalised = banned or self._seen or self._output_ids
         if penalised and not owned:
             logits = logits.clone()
         if banned:
             logits[list(banned)] = float("-inf")
+            if self._grammar is not None and not bool(torch.isfinite(logits).any()):
+                raise GuideDeadEnd(GUIDE_INPUT, "the request's bad_words_list bans every token the guide allows "
+                                   f"after {self._num_generated} tokens")
         if self._seen:
             ids, penalty = self._seen.tensor, params.repetition_penalty
             values = logits[ids]
@@ -176,8 +189,15 @@ class TokenSampler:
                 return values, indices
             count = min(count * 8, probs.numel())
 
+    @property
+    def grammar_ended(self) -> bool:
+        """A guided sequence's document is complete and its stop token chosen: the sequence ends here."""
+        return self._grammar is not None and self._grammar.ended
+
     def _record(self, token: int) -> None:
         self._num_generated += 1
+        if self._grammar is not None:
+            self._grammar.accept(token)
         if self._seen is not None:
             self._seen.add(token)
         if self._output_ids is not None:

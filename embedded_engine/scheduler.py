@@ -324,7 +324,7 @@ class Engine:
         if prefill:  # the prompt, with the draft tokens verified in the same forward pass
             sequence.sampler = TokenSampler(
                 request.sampling, runner.vocab_size, request.prompt, request.end_id, request.stop_words,
-                want_log_probs=request.return_log_probs,
+                want_log_probs=request.return_log_probs, guide=request.guide,
             )
             reused = self._take_cache(sequence)
             draft = request.draft_tokens

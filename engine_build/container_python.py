@@ -41,13 +41,16 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("tokenizers", "tokenizers>=0.22.0,<=0.23.0", "transformers 4.57.3's Requires-Dist"),
     Shipped("safetensors", "safetensors>=0.4.3", "transformers 4.57.3's Requires-Dist"),
     Shipped("huggingface_hub", "huggingface-hub>=0.34.0,<1.0", "transformers 4.57.3's Requires-Dist"),
+    Shipped("xgrammar", "xgrammar==0.1.32",
+            f"{DOCKERFILE} (pip3 install tensorrt_llm==1.2.1): tensorrt_llm 1.2.1's Requires-Dist "
+            "(../shared/reference/awq-and-trtllm-build.md, its PKG-INFO)"),
     Shipped("jinja2", "jinja2", "torch's Requires-Dist (pip resolves the copied torch's requirements when it installs "
                                 "tensorrt_llm, which requires torch)"),
 )
 SHIPPED_MODULES = {entry.module: entry for entry in SHIPPED}
 # House rule (README, "Serve-time imports"): torch is for the embedded engine only; every other model serves on the
 # tokenizer stack alone.
-ENGINE_ONLY_MODULES = frozenset({"torch", "safetensors"})
+ENGINE_ONLY_MODULES = frozenset({"torch", "safetensors", "xgrammar"})
 
 
 def standard_library() -> frozenset[str]:

@@ -26,6 +26,7 @@ from engine_build.trtllm_config import (
     ENGINE_TOKENIZER_DIR, FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values,
     guided_decoding_values,
 )
+from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = PROJECT_ROOT / "model_repository"
@@ -42,7 +43,10 @@ TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 BLS_MODEL = "tensorrt_llm_bls"
 BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay
-RELAY_SOURCE = PROJECT_ROOT / "relay" / "relay.cc"
+RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
+# Triton's own headers of the oldest server we serve (relay/include/README.md), where the container's are not here.
+RELAY_VENDORED_INCLUDE = RELAY_DIR / "include"
+CONTAINER_INCLUDE = Path("/opt/tritonserver/include")
 RELAY_LIBRARY = "libtriton_llama3_relay.so"  # Triton finds a model's backend library in its version folder
 
 EngineKind = Literal["embedded", "trtllm"]
@@ -98,7 +102,7 @@ class RepositorySettings:
     # serves clients that use unary RPCs (no streaming), e.g. inflight_batcher_llm_client.py without
     # --streaming and e2e_grpc_speculative_decoding_client.py.
     decoupled: bool = True
-    # The C++ relay in front of the Python BLS (relay/relay.cc), decoupled repositories only. auto: when a C++
+    # The C++ relay in front of the Python BLS (relay/), decoupled repositories only. auto: when a C++
     # compiler is here (the repository then needs none where it is served); on: fail without one; off: never.
     relay: Literal["auto", "on", "off"] = "auto"
     synthetic: bool = False
@@ -192,6 +196,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         relay = _write_model(out, BLS_MODEL, vendored=(), values={
             "triton_max_batch_size": settings.triton_max_batch_size,
             "python_model_name": BLS_PYTHON_MODEL,
+            "engine_models": ",".join(engine_models),  # the only models its engine calls may name
         })
         compile_relay(relay / "1" / RELAY_LIBRARY)
     for name in engine_models:
@@ -223,7 +228,7 @@ def _use_relay(settings: RepositorySettings) -> bool:
         return True
     if settings.relay == "on":
         raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
-                              f"{RELAY_SOURCE.relative_to(PROJECT_ROOT)}; install one (apt-get install g++) or "
+                              f"{RELAY_DIR.relative_to(PROJECT_ROOT)}/; install one (apt-get install g++) or "
                               "build with RELAY=off")
     engine = " (and the benchmark's stand-in engine: figures not comparable with the README's)" \
         if settings.engine_relay else ""
@@ -247,15 +252,31 @@ def can_compile_relay() -> bool:
     return shutil.which(_compiler()) is not None
 
 
+def relay_include_dir() -> Path:
+    """Triton's headers to compile against: the container's, where it has them (the server the repository will be
+    served by), else the vendored ones of Triton 2.51 (relay/include/README.md)."""
+    if (CONTAINER_INCLUDE / "triton" / "core" / "tritonbackend.h").is_file():
+        return CONTAINER_INCLUDE
+    return RELAY_VENDORED_INCLUDE
+
+
+def relay_sources() -> list[Path]:
+    """The relay library's C++ files (its tests, relay/tests/, apart)."""
+    return sorted(RELAY_DIR.glob("*.cc"))
+
+
 def compile_relay(library: Path) -> None:
-    """relay/relay.cc into `library`: a Triton backend needs no Triton headers or libraries to build (it declares
-    the C API it calls; tritonserver provides the symbols when it loads the library)."""
-    command = [_compiler(), "-O2", "-std=c++17", "-shared", "-fPIC", "-o", str(library), str(RELAY_SOURCE),
-               "-lpthread"]
+    """relay/*.cc into `library`, against Triton's official headers (relay_include_dir); tritonserver provides the
+    C API's symbols when it loads the library. libstdc++ and libgcc are linked in, so that a repository built on
+    one Linux loads in the 26.07 container (Ubuntu 24.04) whatever its libstdc++; the version script exports
+    Triton's entry points only, as Triton's backend examples do."""
+    command = [_compiler(), "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-static-libstdc++", "-static-libgcc",
+               f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}", f"-I{relay_include_dir()}",
+               "-o", str(library), *map(str, relay_sources()), "-lpthread"]
     print(f"[repo] compiling the relay: {' '.join(command)}", flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
-        raise RepositoryError(f"compiling {RELAY_SOURCE.name} failed (exit {result.returncode}):\n{result.stderr}")
+        raise RepositoryError(f"compiling the relay (relay/) failed (exit {result.returncode}):\n{result.stderr}")
 
 
 def _write_manifest(out: Path, settings: RepositorySettings) -> None:
@@ -328,6 +349,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
                 "model_name": name,
                 "triton_max_batch_size": settings.triton_max_batch_size,
                 "python_model_name": python_name,
+                "engine_models": "",  # the engine behind it calls no model
             }, template_name="relay.config.pbtxt", source_name=TARGET_MODEL)
             compile_relay(relay / "1" / RELAY_LIBRARY)
         target = _write_model(out, python_name, vendored=("bls", "embedded_engine"), values={
@@ -339,6 +361,8 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "max_active_requests": settings.max_active_requests,
             "max_queued_requests": settings.max_queued_requests,
             "exclude_input_in_output": settings.exclude_input_in_output,
+            "guided_decoding_backend": "xgrammar",
+            "xgrammar_tokenizer_info_path": XGRAMMAR_TOKENIZER_INFO,
             "synthetic": settings.synthetic,
             "merge_streamed_tokens": settings.merge_streamed_tokens,
             "step_ms": settings.step_ms,
@@ -346,6 +370,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "torch_threads": settings.torch_threads,
         }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / CHECKPOINT_DIR)
+        write_xgrammar_tokenizer_info(settings.tokenizer_dir, target / "1" / XGRAMMAR_TOKENIZER_INFO)
         return
 
     if is_draft:
@@ -372,8 +397,6 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
     if is_draft and settings.draft_max_kv_tokens:
         parameters["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
     if settings.guided_decoding == "xgrammar":
-        from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
-
         _copy_tokenizer(settings.tokenizer_dir, version_dir / ENGINE_TOKENIZER_DIR)
         write_xgrammar_tokenizer_info(version_dir / ENGINE_TOKENIZER_DIR, version_dir / XGRAMMAR_TOKENIZER_INFO)
     config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt",

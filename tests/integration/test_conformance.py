@@ -77,7 +77,6 @@ def test_a_field_that_is_not_an_input_is_refused_by_name(endpoint, model, field)
 @pytest.mark.parametrize("model", TEXT_MODELS)
 @pytest.mark.parametrize("name, value, problem", [
     ("lora_task_id", np.array([[1]], np.uint64), "LoRA"),
-    ("guided_decoding_guide_type", strings("json"), "guided decoding"),
 ])
 def test_what_the_engine_cannot_do_is_refused_by_name(endpoint, model, name, value, problem):
     if endpoint.model_config("tensorrt_llm").get("backend") != "python":

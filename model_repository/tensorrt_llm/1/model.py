@@ -8,7 +8,9 @@ tensorrt_llm_python there) a request's responses go to the relay as frames (bls.
 sends them from C++ as TensorRT-LLM's C++ backend does.
 
 Model parameters: checkpoint_dir, max_seq_len, max_draft_len, max_active_requests,
-exclude_input_in_output, synthetic (benchmark runner, no model), torch_threads.
+exclude_input_in_output, synthetic (benchmark runner, no model), torch_threads, and guided decoding's
+guided_decoding_backend / xgrammar_tokenizer_info_path (the keys TensorRT-LLM 1.2.1's backend reads; the path
+relative to this folder unless absolute).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from bls.triton_io import (  # noqa: E402
     read_inputs,
     request_parameters,
 )
+from embedded_engine.guided import GrammarCache, guided_decoding_file  # noqa: E402
 from embedded_engine.request import is_stop_request, parse_generation_requests  # noqa: E402
 from embedded_engine.responses import (  # noqa: E402
     CollectingSender,
@@ -97,6 +100,9 @@ class TritonPythonModel:
         paced = settings.step_ms > 0
         self._engine = build_engine(settings, wait_for_sending=self._dispatcher.wait_for_backlog if paced else None,
                                     step_scope=self._dispatcher.step if paced else nullcontext)
+        info_file = guided_decoding_file(params.get("guided_decoding_backend"),
+                                         params.get("xgrammar_tokenizer_info_path"), HERE)
+        self._grammars = None if info_file is None else GrammarCache(info_file, self._engine.limits.vocab_size)
         labels = {"model": self._name}
         self._metrics = metrics = Metrics()
         self._generated_tokens = metrics.counter(
@@ -157,7 +163,7 @@ class TritonPythonModel:
                 return
             generation = parse_generation_requests(
                 read_inputs(request, TENSORRT_LLM), request.request_id(), self._engine.limits, self._exclude_input,
-                arrival_ns,
+                arrival_ns, self._grammars,
             )
             if not self._decoupled:
                 if generation[0].streaming:
