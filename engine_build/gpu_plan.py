@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -119,6 +120,7 @@ class ModelShape:
     head_dim: int
     vocab_size: int
     tie_word_embeddings: bool
+    checkpoint_dtype_bytes: int = 2  # the HF weights' element size (bf16 for Llama 3)
 
     @classmethod
     def from_hf_config(cls, config: dict) -> "ModelShape":
@@ -132,6 +134,7 @@ class ModelShape:
             head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
             vocab_size=int(config["vocab_size"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            checkpoint_dtype_bytes=4 if str(config.get("torch_dtype") or config.get("dtype")).endswith("float32") else 2,
         )
 
     def linear_params(self) -> int:
@@ -152,6 +155,10 @@ class ModelShape:
         else:
             linears = self.linear_params() * 2
         return linears + self.embedding_params() * 2
+
+    def checkpoint_bytes(self) -> int:
+        """The HF model's weights as loaded for quantization (its own dtype)."""
+        return self.weight_bytes("none") // 2 * self.checkpoint_dtype_bytes
 
     def kv_bytes_per_token(self, kv_cache_dtype: KvCacheDtype, tp_size: int) -> int:
         """Keys and values of one token on one GPU: every rank holds at least one KV head."""
@@ -216,10 +223,62 @@ class Capacity:
         return "\n".join(lines)
 
 
+# Quantization (engine_build/quantize.py) holds the whole HF model in its checkpoint dtype on the GPUs while modelopt
+# calibrates it; what each GPU keeps beside the weights: the CUDA context, calibration activations (one 512-token
+# sample at a time, logits of the last token only) and AWQ's per-layer search state.
+QUANTIZATION_HEADROOM = 0.15
+
+
+@dataclass(frozen=True)
+class QuantizationMemory:
+    """Whether an HF model fits the visible GPUs for AWQ calibration, spread over them as TensorRT-LLM 1.2.1's
+    examples/quantization/quantize.py spreads it (quantize_by_modelopt.get_model: from_pretrained with
+    device_map="auto", the --device_map default)."""
+
+    model_bytes: int  # the HF weights in their checkpoint dtype (16 bits for Llama 3)
+    gpus: int
+    gpu_memory_bytes: int  # one GPU
+
+    @property
+    def usable_bytes(self) -> int:
+        return int(self.gpus * self.gpu_memory_bytes * (1 - QUANTIZATION_HEADROOM))
+
+    @property
+    def fits(self) -> bool:
+        return self.model_bytes <= self.usable_bytes
+
+    @property
+    def gpus_needed(self) -> int:
+        per_gpu = self.gpu_memory_bytes * (1 - QUANTIZATION_HEADROOM)
+        return max(1, math.ceil(self.model_bytes / per_gpu))
+
+    def report(self) -> str:
+        head = (f"quantization: {self.model_bytes / GiB:.1f} GiB of 16-bit weights calibrated across {self.gpus} "
+                f"GPU(s) x {self.gpu_memory_bytes / GiB:.1f} GiB (device_map auto, {1 - QUANTIZATION_HEADROOM:.0%} of "
+                f"each for weights = {self.usable_bytes / GiB:.1f} GiB)")
+        if self.fits:
+            return head + ": fits"
+        return (head + f": does NOT fit; it needs {self.gpus_needed} such GPUs visible to the quantize step "
+                f"(CUDA_VISIBLE_DEVICES), or a bigger GPU; quantize on such a machine and build from its checkpoint")
+
+
 def gpu_memory_bytes() -> int | None:
     """Total memory of the first visible NVIDIA GPU (nvidia-smi), None without one."""
     answer = _nvidia_smi("memory.total")
     return None if answer is None else int(float(answer)) * 1024**2  # MiB
+
+
+def visible_gpu_count() -> int | None:
+    """How many NVIDIA GPUs this process sees (CUDA_VISIBLE_DEVICES applies), None without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    result = subprocess.run(["nvidia-smi", "--query-gpu=index", "--format=csv,noheader"], capture_output=True,
+                            text=True, check=False)
+    indices = result.stdout.split() if result.returncode == 0 else []
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip()]) if visible.strip() else 0
+    return len(indices) or None
 
 
 def gpu_compute_capability() -> tuple[int, int] | None:

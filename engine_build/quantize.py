@@ -95,6 +95,21 @@ def calibration_batches(tokenizer, texts: list[str], max_tokens: int = MAX_CALIB
 
 
 
+def check_gpu_memory_for(hf_dir: Path) -> None:
+    """Before loading anything: the HF model must fit the visible GPUs for calibration (QuantizationMemory)."""
+    import torch
+
+    from engine_build.gpu_plan import ModelShape, QuantizationMemory
+
+    shape = ModelShape.from_hf_config(json.loads((Path(hf_dir) / "config.json").read_text()))
+    gpus = torch.cuda.device_count()
+    memory = QuantizationMemory(model_bytes=shape.checkpoint_bytes(), gpus=gpus,
+                                gpu_memory_bytes=torch.cuda.get_device_properties(0).total_memory)
+    if not memory.fits:
+        raise QuantizationError(memory.report())
+    _log(memory.report())
+
+
 def awq_calibrated_model(
     hf_dir: Path, calib_texts: list[str], group_size: int, device: str, kv_cache_dtype: str = "auto"
 ):
@@ -111,8 +126,15 @@ def awq_calibrated_model(
         tokenizer = AutoTokenizer.from_pretrained(str(hf_dir), fix_mistral_regex=False)
     except (OSError, ValueError) as exc:
         raise QuantizationError(f"cannot load the tokenizer of {hf_dir}: {exc}") from exc
-    model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").to(device).eval()
-    batches = [ids.to(device) for ids in calibration_batches(tokenizer, calib_texts)]
+    if device == "cuda":
+        # Spread over every visible GPU, as TensorRT-LLM 1.2.1's quantize.py loads it (quantize_by_modelopt.get_model:
+        # from_pretrained(device_map="auto")): a 70B model's 141 GB of bf16 fit no single GPU.
+        check_gpu_memory_for(hf_dir)
+        model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto", device_map="auto").eval()
+    else:
+        model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").to(device).eval()
+    first_device = model.get_input_embeddings().weight.device
+    batches = [ids.to(first_device) for ids in calibration_batches(tokenizer, calib_texts)]
 
     def forward_loop(m) -> None:
         with torch.no_grad():

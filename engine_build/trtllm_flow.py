@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from engine_build.gpu_plan import (
-    DRAFT_KV_FRACTION, GiB, TARGET_KV_FRACTION_WITH_DRAFT, Capacity, ModelShape, Profile, check_fp8_kv_cache,
-    gpu_compute_capability, gpu_memory_bytes, profile_with,
+    DRAFT_KV_FRACTION, GiB, TARGET_KV_FRACTION_WITH_DRAFT, Capacity, ModelShape, Profile, QuantizationMemory,
+    check_fp8_kv_cache, gpu_compute_capability, gpu_memory_bytes, profile_with, visible_gpu_count,
 )
 from engine_build.check_repo import check_repository
 from engine_build.cli import bls_settings
@@ -46,6 +46,7 @@ class GpuPlan:
     draft_quant: str
     max_draft_len: int
     capacity: Capacity
+    quantization: QuantizationMemory
     target_checkpoint: Path
     target_engine: Path
     draft_checkpoint: Path | None
@@ -114,7 +115,9 @@ class GpuPlan:
             engines_built=not args.dry_run, serve_path=args.serve_path, guided_decoding=args.guided_decoding,
             **bls_settings(args),
             plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
-                  "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict()},
+                  "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict(),
+                  "quantization": {"model_gib": round(self.quantization.model_bytes / GiB, 1),
+                                   "gpus": self.quantization.gpus}},
         )
 
 
@@ -160,11 +163,16 @@ def plan(args) -> GpuPlan:
     if capacity.kv_cache_tokens < profile.max_seq_len:
         raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
                          "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
+    # The quantize step runs on the GPUs this machine shows; with none here (a dry run), on the engine's TP x PP.
+    quantization = QuantizationMemory(model_bytes=target.checkpoint_bytes(),
+                                      gpus=visible_gpu_count() or args.tp * args.pp, gpu_memory_bytes=memory)
+    if not quantization.fits:
+        raise SystemExit(quantization.report())
     assets = args.assets
     return GpuPlan(
         profile=profile, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp, pp=args.pp, target_hf=args.hf_model,
         draft_hf=args.draft_hf_model, draft_quant=args.draft_quant, max_draft_len=args.max_draft_len,
-        capacity=capacity, target_checkpoint=assets / "target-awq", target_engine=assets / "target-engine",
+        capacity=capacity, quantization=quantization, target_checkpoint=assets / "target-awq", target_engine=assets / "target-engine",
         draft_checkpoint=assets / "draft-checkpoint" if draft else None,
         draft_engine=assets / "draft-engine" if draft else None,
     )
@@ -175,6 +183,7 @@ def build_trtllm_repository(args, log) -> Path:
     log(f"profile {gpu_plan.profile.name}: " + ", ".join(
         f"{key}={value}" for key, value in asdict(gpu_plan.profile).items() if key != "name"))
     log(gpu_plan.capacity.report())
+    log(gpu_plan.quantization.report())
     commands = gpu_plan.commands(args.repo.resolve())
     if args.dry_run:
         log("DRY_RUN: these are the commands a real run runs, in order:\n\n" + "\n\n".join(map(str, commands)) + "\n")

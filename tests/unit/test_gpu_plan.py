@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine_build import cli, trtllm
-from engine_build.gpu_plan import GiB, PROFILES, Capacity, ModelShape, check_fp8_kv_cache, profile_with
+from engine_build.gpu_plan import (
+    GiB, PROFILES, Capacity, ModelShape, QuantizationMemory, check_fp8_kv_cache, profile_with,
+)
 from engine_build.render import parse_model_config
 
 ASSETS = Path(__file__).resolve().parents[2] / "build" / "assets"
@@ -48,6 +50,35 @@ def test_llama3_70b_awq_on_four_80_gib_gpus():
     assert shape.kv_bytes_per_token("auto", tp_size=16) == 2 * 80 * 1 * 128 * 2  # at least one head per rank
     capacity = Capacity(80 * GiB, 4, 39_497_760_768, 0.9, 81_920, 4096, 256)
     assert (capacity.kv_cache_tokens, capacity.full_length_sequences) == (835_234, 203)
+
+
+def test_quantization_memory_spreads_over_the_visible_gpus():
+    """AWQ calibration holds the bf16 HF model: 70B is 2 x (68,451,041,280 + 2 x 128,256 x 8,192) = 141.1 GB, which no
+    80 GiB GPU holds alone (85 % of it, 68 GiB, for weights); across two or four it fits, as upstream spreads it."""
+    seventy = ModelShape.from_hf_config({**LLAMA3_70B, "torch_dtype": "bfloat16"})
+    assert seventy.checkpoint_bytes() == 2 * (68_451_041_280 + 2 * 128_256 * 8192) == 141_104_775_168
+    one = QuantizationMemory(seventy.checkpoint_bytes(), gpus=1, gpu_memory_bytes=80 * GiB)
+    assert not one.fits and one.gpus_needed == 2
+    assert "does NOT fit; it needs 2 such GPUs visible to the quantize step" in one.report()
+    assert QuantizationMemory(seventy.checkpoint_bytes(), gpus=2, gpu_memory_bytes=80 * GiB).fits
+    assert QuantizationMemory(seventy.checkpoint_bytes(), gpus=4, gpu_memory_bytes=80 * GiB).fits
+    eight = ModelShape.from_hf_config(LLAMA3_8B)  # 16.1 GB of bf16: one GPU
+    assert QuantizationMemory(eight.checkpoint_bytes(), gpus=1, gpu_memory_bytes=80 * GiB).fits
+    assert ModelShape.from_hf_config({**LLAMA3_8B, "torch_dtype": "float32"}).checkpoint_bytes() == \
+        2 * eight.checkpoint_bytes()
+
+
+def test_a_dry_run_says_before_starting_what_quantization_needs(tmp_path, no_gpu_work, monkeypatch):
+    from engine_build import trtllm_flow
+
+    monkeypatch.setattr(trtllm_flow, "visible_gpu_count", lambda: None)  # none here: the plan uses TP x PP
+    hf = tmp_path / "llama3-70b"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({**LLAMA3_70B, "torch_dtype": "bfloat16"}))
+    with pytest.raises(SystemExit, match=r"131.4 GiB of 16-bit weights .* 1 GPU\(s\) x 80.0 GiB .* does NOT fit; it "
+                                         r"needs 2 such GPUs"):
+        cli.main(["repo", "--engine", "trtllm", "--hf-model", str(hf), "--repo", str(tmp_path / "repo"),
+                  "--assets", str(tmp_path / "a"), "--dry-run", "--gpu-mem-gb", "80"])
 
 
 def test_profiles_and_single_overrides():
