@@ -1,4 +1,10 @@
-"""The server the integration tests talk to: started here on free ports, or given by --server-url."""
+"""The server the integration tests talk to: started here on free ports, or given by --server-url.
+
+Against a running server (--server-url, e.g. `make test SERVER_URL=... REPO=...` in the 26.07 container) two kinds of
+test cannot run, and are skipped by name with the reason: those that start a tritonserver of their own on a repository
+they build here from build/assets (STARTS_ITS_OWN_SERVER), and, when the served tensorrt_llm is not the embedded engine
+(backend python), those that need it (NEEDS_EMBEDDED_ENGINE). Everything else runs against the server as it is.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +17,7 @@ from typing import Iterator
 
 import pytest
 
+from engine_build.pbtxt import first, parse_pbtxt
 from engine_build.repository import RepositorySettings, assemble_repository, repository_tokenizer
 from serving.tritonserver import TritonServer, is_ready
 
@@ -81,8 +88,6 @@ def tokenizer_dir(endpoint, repo_dir):
 def built_repository_server(request, tmp_path_factory, name: str, **settings) -> Iterator[TritonServer]:
     """tritonserver on a repository assembled here from build/assets (the tokenizer, the tiny target) with
     RepositorySettings fields overridden: for tests of build-time settings, which --server-url cannot serve."""
-    if request.config.getoption("--server-url"):
-        pytest.skip("builds and starts its own repository")
     if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
     repo = assemble_repository(tmp_path_factory.mktemp(name) / "repo", RepositorySettings(
@@ -91,7 +96,48 @@ def built_repository_server(request, tmp_path_factory, name: str, **settings) ->
         yield server
 
 
-def pytest_collection_modifyitems(items):
+STARTS_ITS_OWN_SERVER = {
+    "test_faults.py": "kills model processes and shrinks /dev/shm of a server it starts on the synthetic embedded "
+                      "engine it builds from build/assets",
+    "test_unary.py": "starts a server on a DECOUPLED=false repository it builds from build/assets",
+    "test_stream_interval.py": "starts a server on a STREAM_INTERVAL=4 repository it builds from build/assets",
+    "test_engine_relay.py": "starts a server on the benchmark's relayed synthetic engine",
+    "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
+}
+NEEDS_EMBEDDED_ENGINE = {
+    "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
+    "test_what_the_engine_cannot_do_is_refused_by_name": "checks the embedded engine's refusals",
+    "test_greedy_equals_transformers_generate": "compares with transformers on the embedded engine's checkpoint",
+    "test_end_id_stops_generation_and_is_not_returned": "compares with transformers on the embedded engine's checkpoint",
+    "test_stop_words_list_stops_after_the_word": "compares with transformers on the embedded engine's checkpoint",
+    "test_draft_tokens_are_verified": "compares with transformers on the embedded engine's checkpoint",
+    "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
+}
+
+
+def served_engine_backend(config) -> str | None:
+    """The backend of the tensorrt_llm under test (python: the embedded engine): the running server's (--server-url)
+    or the repository's the tests serve (--repo); None where neither says."""
+    url = config.getoption("--server-url")
+    if url:
+        try:
+            return _parse_url(url).model_config("tensorrt_llm").get("backend")
+        except OSError:
+            return None
+    engine_config = Path(config.getoption("--repo")) / "tensorrt_llm" / "config.pbtxt"
+    return first(parse_pbtxt(engine_config.read_text()), "backend") if engine_config.is_file() else None
+
+
+def pytest_collection_modifyitems(config, items):
+    url = config.getoption("--server-url")
+    backend = served_engine_backend(config)
     for item in items:
-        if "integration" in str(item.fspath):
-            item.add_marker(pytest.mark.integration)
+        if "integration" not in str(item.fspath):
+            continue
+        item.add_marker(pytest.mark.integration)
+        module = item.fspath.basename
+        if url and module in STARTS_ITS_OWN_SERVER:
+            item.add_marker(pytest.mark.skip(reason=f"--server-url: {module} {STARTS_ITS_OWN_SERVER[module]}"))
+        elif item.originalname in NEEDS_EMBEDDED_ENGINE and backend != "python":
+            item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm is backend {backend}, not the embedded engine: "
+                                                    f"{item.originalname} {NEEDS_EMBEDDED_ENGINE[item.originalname]}"))

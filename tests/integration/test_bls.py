@@ -144,8 +144,6 @@ def test_both_engine_hops_stream_the_same_text(endpoint, hop):
 
 @pytest.mark.parametrize("hop", ENGINE_HOPS)
 def test_client_disconnect_stops_the_engine(endpoint, hop):
-    if endpoint.model_config("tensorrt_llm").get("backend") != "python":
-        pytest.skip("watches the embedded engine's embedded_engine_* metrics")
     inputs = {"text_input": strings("Tell me everything"), "max_tokens": np.array([[3000]], dtype=np.int32),
               "stream": np.array([[True]]), "end_id": np.array([[-1]], dtype=np.int32),
               **{name: np.array([[value]]) for name, value in ENGINE_HOPS[hop].items()}}

@@ -79,8 +79,6 @@ def test_a_field_that_is_not_an_input_is_refused_by_name(endpoint, model, field)
     ("lora_task_id", np.array([[1]], np.uint64), "LoRA"),
 ])
 def test_what_the_engine_cannot_do_is_refused_by_name(endpoint, model, name, value, problem):
-    if endpoint.model_config("tensorrt_llm").get("backend") != "python":
-        pytest.skip("the embedded engine's refusals")
     result = grpc_stream(endpoint.grpc, model, {"text_input": strings("Hi"), "max_tokens": np.array([[4]], np.int32),
                                                 name: value}, ["text_output"])
     assert result.error is not None and name in result.error and problem in result.error

@@ -50,9 +50,7 @@ def prompt(bundle):
 @pytest.fixture(scope="module")
 def reference_model(endpoint, repo_dir):
     """The weights the embedded engine serves (its repository's copy, checkpoint_dir is relative to the
-    model's version folder), loaded by transformers; skipped for a real TRT-LLM engine."""
-    if endpoint.model_config(ENGINE).get("backend") != "python":
-        pytest.skip("greedy reference needs the embedded engine's checkpoint")
+    model's version folder), loaded by transformers (its tests are in conftest's NEEDS_EMBEDDED_ENGINE)."""
     from embedded_engine.checkpoint import load_checkpoint
 
     return load_checkpoint(repo_dir / ENGINE / "1" / endpoint.model_parameter(ENGINE, "checkpoint_dir")).model

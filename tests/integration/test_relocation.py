@@ -31,9 +31,7 @@ def runtime_python(root: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_moved_copy_serves_without_the_project(request, repo_dir, tmp_path):
-    if request.config.getoption("--server-url"):
-        pytest.skip("copies and serves the built repository itself")
+def test_a_moved_copy_serves_without_the_project(repo_dir, tmp_path):
     python = runtime_python(tmp_path / "runtime")
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
