@@ -35,7 +35,6 @@ from pathlib import Path
 
 import numpy as np
 
-from bls.engine_streams import EngineStreams
 from engine_build.repository import RELAY_SOURCE, engine_is_relayed
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
@@ -93,31 +92,6 @@ def _bls_cpu_us_per_token(run: LoadRun) -> float:
     """The BLS's CPU per token: its Python processes (tensorrt_llm_bls_python_* behind the relay) and the relay's
     thread in tritonserver, which sends their responses."""
     return _cpu_us_per_token(run, "tensorrt_llm_bls") + _cpu_us_per_token(run, RELAY_THREAD)
-
-
-def _receive_us_per_token(engine: EngineStreams, streams: int, prompt_ids: list[int]) -> float:
-    """CPU of this process per token received by `streams` threads reading engine streams as the BLS does
-    (bls.engine_streams stream_each: over HTTP, the responses are handled on the one reader thread), doing
-    nothing else: the least a BLS process pays per token for its engine hop."""
-    inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
-              "request_output_len": np.array([[STREAM_TOKENS]], np.int32), "end_id": np.array([[-1]], np.int32),
-              "streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
-    received = [0] * streams
-
-    def read(index: int) -> None:
-        def count(response: dict) -> bool:
-            received[index] += response["output_ids"].size if "output_ids" in response else 0
-            return True
-
-        engine.stream_each("tensorrt_llm", inputs, ["output_ids", "sequence_length"], f"receive-{index}", count)
-
-    threads = [threading.Thread(target=read, args=(index,)) for index in range(streams)]
-    began = time.process_time()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return (time.process_time() - began) / max(1, sum(received)) * 1e6
 
 
 def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1, engine_instances: int | None = None):
@@ -219,12 +193,6 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
         bls = runs["tensorrt_llm_bls"]
-        if clients == 64:  # the BLS's engine hop: HTTP generate_stream; gRPC for what HTTP cannot carry exactly
-            prompt_ids = bodies["tensorrt_llm"]["input_ids"]
-            for transport, engine in (("HTTP", EngineStreams(server.grpc_url, server.http_url)),
-                                      ("gRPC", EngineStreams(server.grpc_url))):
-                rows.append(Row(f"{clients:>3} streams: CPU per token, receiving engine streams over {transport} alone",
-                                _receive_us_per_token(engine, clients, prompt_ids), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
         rows.append(Row(f"{clients:>3} streams: CPU per token, of it the relay thread", _cpu_us_per_token(bls, RELAY_THREAD),
