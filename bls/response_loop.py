@@ -1,29 +1,19 @@
-"""A few threads send the streamed responses of a BLS process, and merge what waits for them.
+"""The relay transport's sending: a few threads send the streamed responses of a BLS process, merging what waits.
 
-Why: a send is a synchronous round trip from the Python backend stub to tritonserver, and it must hold
-PB_LOCK (the stub is not safe against pb_utils calls from several threads). With one engine response per
-generated token, as TensorRT-LLM's C++ backend streams, and a thread per stream that sent for itself, the
-streams queued on that lock and every token paid a send: at 64 streams on 2 cores the BLS delivered under
-half the engine's rate and first tokens waited half a second behind other streams' sends.
+Stream threads (and the relay connection's reader, which hands on the engine's responses) only queue what they
+would send, and return at once; this loop sends. A response that is still waiting when its stream adds the next
+one absorbs it (`merge`, defined by whoever knows the outputs: text deltas concatenated, running token counts
+replaced), so each stream has at most one streamed response waiting and the client receives the same text in
+fewer responses when sending falls behind. While sending keeps up, every response goes out as queued: one per
+token. Streams that have sent nothing yet go first, so a new request's first token does not wait for a round of
+every running stream. A stream is taken by one thread at a time, so its responses stay in order.
 
-Here stream threads only queue what they would have sent, and return at once; this loop sends. A response
-that is still waiting when its stream adds the next one absorbs it (`merge`, defined by whoever knows the
-outputs: text deltas concatenated, running token counts replaced), so each stream has at most one streamed
-response waiting and the client receives the same text in fewer responses when sending falls behind. While
-sending keeps up, every response goes out as queued: one per token. Streams that have sent nothing yet go
-first, so a new request's first token does not wait for a round of every running stream.
+A thread that queues many streams' responses in bursts (the relay connection's reader) sends them itself after
+each burst (`send_waiting`): waking a sending thread for each response, and handing it the GIL and back, would
+cost more than the sends (docs/benchmarks.md has the measurements).
 
-The loop may run several sending threads: their sends are still serialised by PB_LOCK, but after each round
-trip a thread must win the GIL back from the streams' threads, and while it waits another one sends. A
-stream is taken by one thread at a time, so its responses stay in order.
-
-A thread that queues many streams' responses in bursts (the engine stream reader, bls.engine_http) sends them
-itself after each burst (`send_waiting`): a sending thread woken for each response, and the GIL handed to it
-and back, cost more than the sends (2 cores, 64 streams: 137-147 µs of BLS CPU a token with the reader handing
-its responses to the sending threads, 93-102 µs sending them itself, and 20 % more tokens a second).
-
-Cancellation is asked of Triton here too, right after a stream's send (not after its final one), at most at the
-rate bls.cancellation gives each stream; the stream's own thread reads the answer without any call.
+Cancellation is asked of the transport here too, right after a stream's send (not after its final one), at most
+at the rate bls.cancellation gives each stream; the stream's own thread reads the answer without any call.
 """
 
 from __future__ import annotations

@@ -99,7 +99,7 @@ class DraftTargetDecoder:
                 if engine_stopped or hit_stop_word:
                     stats.finish_reason = FinishReason.STOP
                     return stats
-        except GenerationCancelled:  # the client went away during a round (bls.engine_streams.EngineStreams.cancel)
+        except GenerationCancelled:  # the client went away during a round (bls.relay_engine.RelayedEngineStreams.cancel)
             stats.finish_reason = FinishReason.CANCELLED
             return stats
         stats.finish_reason = FinishReason.LENGTH

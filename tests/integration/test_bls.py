@@ -128,8 +128,8 @@ def _engine_metric(endpoint, name: str, model: str) -> float:
     return metric_value(endpoint.metrics, name, model)
 
 
-# The BLS streams a plain request from the engine over HTTP generate_stream, and one asking for log probs over
-# gRPC (bls/engine_http.py: the generate endpoint cannot give their shapes back): both hops are held to the same.
+# A plain request and one asking for per-token outputs (log probs) take the same engine path; both are held to the
+# non-streamed text.
 ENGINE_HOPS = {"http": {}, "grpc": {"return_log_probs": True}}
 
 

@@ -142,7 +142,8 @@ def test_killed_engine_stub(paced_repo, tmp_path):
         os.kill(stub_pid(server, ENGINE), signal.SIGKILL)
 
         # The in-flight request is never told: no error, no final response; the client runs into its own
-        # read timeout. (Triton 2.51's BLS response iterator waits forever for the dead child.) If Triton
+        # read timeout: the dead stub never completes the engine request the BLS made (through the relay, or by exec
+        # and its response iterator), and Triton does not complete it for it. If Triton
         # starts delivering an error here, this fails: update docs/operations.md.
         assert stream.join(HUNG_AFTER_S + 10)
         if not server.is_alive() and "boost::interprocess::lock_exception" in (tmp_path / "tritonserver.log").read_text():
