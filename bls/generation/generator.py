@@ -154,6 +154,11 @@ class TextRequest:
             if rows.uniform_scalar("return_context_logits", bool, False) or rows.uniform_scalar(
                     "return_generation_logits", bool, False):
                 raise InvalidRequest("num_draft_tokens", "logits outputs are not available with speculative decoding")
+            if "guided_decoding_guide_type" in inputs:
+                # Each round is a new engine request whose prompt holds the document so far: its grammar would
+                # start the document again, and TensorRT-LLM 1.2.1's engine has no input that resumes one.
+                raise InvalidRequest("num_draft_tokens", "speculative decoding cannot be combined with guided decoding "
+                                                         "(guided_decoding_guide_type): send one or the other")
         asked = [flag for flag in _OUTPUTS_ASKED_BY if rows.uniform_scalar(flag, bool, False)]
         if asked and batch_size > 1 and not stream:
             raise InvalidRequest(asked[0], "with a batch of several prompts needs stream=true (each row's "
