@@ -14,12 +14,20 @@ What 1.2.1 does, read in NVIDIA/TensorRT-LLM:
   rule `root`). Each step the matcher fills a token bitmask that is applied to the logits before sampling, and
   accepts the token the sequence got.
 
+The library: xgrammar as pinned in pyproject.toml (0.2.8; 1.2.1 ships 0.1.32, whose JSON-schema number bounds are
+inexact). Only API both versions have is used here.
+
 Where the embedded engine chooses differently (clients see these):
 - an unknown `guided_decoding_guide_type`, or a guide without a type, is refused naming the input (1.2.1 silently
-  generates unguided text: a client that asked for a document would get free text);
+  generates unguided text: a client that asked for a document would get free text); an empty type with an empty
+  guide is an unguided row, as in 1.2.1;
 - a guide is compiled when the request arrives, before it is queued: a guide that does not compile is an error
   naming `guided_decoding_guide` and no token is generated (1.2.1 compiles inside the executor's step);
 - compiled grammars are cached per (type, guide), least recently used first out (GrammarCache);
+- `json_schema` is compiled with `any_whitespace=False`: the document's whitespace is xgrammar's fixed `", "` and
+  `": "`, where 1.2.1 lets the model put any whitespace between tokens (a model that prefers whitespace, as a
+  random-weight one does, fills its whole output with it and never completes the document). Same documents, same
+  validity; only the whitespace between them differs;
 - the document ends on one of the tokenizer info's stop tokens (its `eos_token_id`, `<|eot_id|>` for Llama 3
   Instruct, preprocessing's default end_id): that token ends the sequence as end_id does (not part of the output,
   finish reason end_id), whatever the request's end_id; xgrammar accepts no token after it.
@@ -55,9 +63,11 @@ class Guide:
 
 
 def parse_guide(guide_type: str | None, guide: str | None) -> Guide | None:
-    """The guide of one request row from its two inputs (None: unguided)."""
-    if guide_type is None:
-        if guide is not None:
+    """The guide of one request row from its two inputs (None: unguided). An empty type is no type: how a row of a
+    batch says "unguided" beside guided rows (1.2.1 generates such a row unguided, as it does any type it does not
+    know)."""
+    if not guide_type:
+        if guide:
             raise InvalidRequest(GUIDE_INPUT, f"needs {GUIDE_TYPE_INPUT} (one of {', '.join(GUIDE_TYPES)})")
         return None
     if guide_type not in GUIDE_TYPES:

@@ -43,7 +43,7 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("huggingface_hub", "huggingface-hub>=0.34.0,<1.0", "transformers 4.57.3's Requires-Dist"),
     Shipped("xgrammar", "xgrammar==0.1.32",
             f"{DOCKERFILE} (pip3 install tensorrt_llm==1.2.1): tensorrt_llm 1.2.1's Requires-Dist "
-            "(../shared/reference/awq-and-trtllm-build.md, its PKG-INFO)"),
+            "(../shared/reference/awq-and-trtllm-build.md, its PKG-INFO); this project pins 0.2.8 (pyproject.toml says why)"),
     Shipped("jinja2", "jinja2", "torch's Requires-Dist (pip resolves the copied torch's requirements when it installs "
                                 "tensorrt_llm, which requires torch)"),
 )
