@@ -5,6 +5,9 @@ server given with --server-url.
 
 from __future__ import annotations
 
+import json
+
+import jsonschema
 import numpy as np
 import pytest
 
@@ -145,6 +148,33 @@ def test_the_openai_frontends_requests_are_served(endpoint, model, stream, bundl
     # Reproducible: the frontend's seed reaches the engine.
     again = grpc_stream(endpoint.grpc, model, openai_frontend_inputs(prompt, stream), ["text_output"])
     assert b"".join(r["text_output"][0] for r in again.responses) == b"".join(t[0] for t in texts)
+
+
+# A tool the frontend is asked to call (tool_choice: named, or "required"): it sends the tool's parameters,
+# `tool.parameters.model_dump_json()` (pydantic's compact JSON), as the guide. No free-text field: the ensemble streams
+# each token's text decoded alone, so a character split across tokens would reach the client as U+FFFD pieces.
+WEATHER_TOOL_PARAMETERS = {"type": "object", "properties": {
+    "location": {"type": "string", "enum": ["Paris", "Tokyo", "New York"]},
+    "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["location", "unit"]}
+
+
+@pytest.mark.parametrize("model", TEXT_MODELS)
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_openai_frontends_tool_choice_gets_arguments_that_match_the_tools_schema(endpoint, model, stream, bundle):
+    """_create_trtllm_inference_request adds guided_decoding_guide_type [["json_schema"]] and guided_decoding_guide
+    [[parameters JSON]] for a named or required tool choice; the text it reads back is the call's arguments."""
+    prompt = bundle.tokenizer.apply_chat_template([{"role": "user", "content": "Weather in Paris?"}], tokenize=False,
+                                                  add_generation_prompt=True)
+    inputs = {**openai_frontend_inputs(prompt, stream), "max_tokens": np.array([[48]], dtype=np.int32),
+              "guided_decoding_guide_type": np.array([[b"json_schema"]], dtype=object),
+              "guided_decoding_guide": np.array([[json.dumps(WEATHER_TOOL_PARAMETERS, separators=(",", ":")).encode()]],
+                                                dtype=object)}
+    result = grpc_stream(endpoint.grpc, model, inputs, ["text_output"])
+    assert result.error is None and result.completed
+    assert all(r["text_output"].shape == (1,) for r in result.responses)  # exactly one string per response
+    arguments = json.loads(b"".join(r["text_output"][0] for r in result.responses))
+    jsonschema.validate(arguments, WEATHER_TOOL_PARAMETERS)
 
 
 @pytest.mark.parametrize("model", TEXT_MODELS)
