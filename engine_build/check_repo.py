@@ -269,6 +269,10 @@ def _check_python_model(model: Model, models: dict[str, Model], report: Report) 
             folder = version_dir / params[key]
             if not any((folder / wanted).is_file() for wanted in wanted_files):
                 report.fail(model.name, f"{key} {params[key]!r} (relative to 1/) holds none of {wanted_files}")
+    info = params.get("xgrammar_tokenizer_info_path")
+    if info is not None and not is_unset("xgrammar_tokenizer_info_path", info):  # the embedded engine's, relative
+        for problem in xgrammar_file_problems(version_dir / info, f"1/{info}"):
+            report.fail(model.name, problem)
     _check_named_models(model, models, report)
     engine_model = CONTRACT_OF.get(model.name) == "tensorrt_llm"
     for problem in python_import_problems(version_dir, engine_model):
@@ -460,23 +464,27 @@ def _check_guided_decoding(model: Model, params: dict[str, str], report: Report)
                                 "silently turns guided decoding off")
         return
     path = served_path(model, info, report)
+    for problem in xgrammar_file_problems(path, info):
+        report.fail(model.name, problem)
+
+
+def xgrammar_file_problems(path: Path, shown: str) -> list[str]:
+    """What keeps the xgrammar tokenizer info file from loading (model_instance_state.cc
+    getGuidedDecodingConfigFromParams reads it with nlohmann::json; the embedded engine reads the same file)."""
     if not path.is_file():
-        report.fail(model.name, f"xgrammar_tokenizer_info_path {info} does not exist: TLLM_CHECK fails the load")
-        return
+        return [f"xgrammar_tokenizer_info_path {shown} does not exist: the load fails (the C++ backend's "
+                "TLLM_CHECK)"]
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as error:
-        report.fail(model.name, f"xgrammar_tokenizer_info_path {info} is not JSON ({error}): the load fails")
-        return
+        return [f"xgrammar_tokenizer_info_path {shown} is not JSON ({error}): the load fails"]
     checks = {
         "encoded_vocab": lambda v: isinstance(v, list) and all(isinstance(t, str) for t in v),
         "tokenizer_str": lambda v: isinstance(v, str),
         "stop_token_ids": lambda v: isinstance(v, list) and all(isinstance(t, int) for t in v),
     }
-    for key, check in checks.items():
-        if key not in data or not check(data[key]):
-            report.fail(model.name, f"{info}: {key} must be a {XGRAMMAR_TOKENIZER_INFO_FIELDS[key]}: nlohmann::json "
-                                    "throws at load")
+    return [f"{shown}: {key} must be a {XGRAMMAR_TOKENIZER_INFO_FIELDS[key]}: nlohmann::json throws at load"
+            for key, check in checks.items() if key not in data or not check(data[key])]
 
 
 def main(repo: Path) -> int:

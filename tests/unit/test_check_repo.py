@@ -172,7 +172,7 @@ def test_a_missing_file_is_named(dry_run_repo, tmp_path):
         (repo / "preprocessing" / "1" / "tokenizer" / "tokenizer.json").unlink()
 
     problems = _broken(dry_run_repo, tmp_path, remove)
-    assert any("xgrammar_tokenizer_info_path" in p and "does not exist: TLLM_CHECK fails the load" in p
+    assert any("xgrammar_tokenizer_info_path" in p and "does not exist: the load fails" in p
                for p in problems)
     assert any(p.startswith("preprocessing: preprocessing/1/tokenizer/tokenizer.json is missing") for p in problems)
     assert any(p.startswith("preprocessing: tokenizer_dir 'tokenizer'") for p in problems)
@@ -223,3 +223,18 @@ def test_what_the_container_ships():
 def test_this_projects_serve_time_code_imports_only_what_the_container_has(dry_run_repo):
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
         assert python_import_problems(dry_run_repo / model / "1", engine_model=False) == []
+
+
+def test_the_embedded_repository_passes_and_its_guided_decoding_file_is_checked(tmp_path, tokenizer_dir):
+    target = Path(__file__).resolve().parents[2] / "build" / "assets" / "tiny-target-awq"
+    if not (target / "config.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=tokenizer_dir, target=target, relay="off"))
+    report = check_repository(repo)
+    assert report.ok, report.problems
+    (repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").write_text('{"encoded_vocab": [1]}')
+    problems = check_repository(repo).problems
+    assert "tensorrt_llm: 1/xgrammar_tokenizer_info.json: encoded_vocab must be a list of strings: nlohmann::json " \
+           "throws at load" in problems
+    assert any("tokenizer_str must be a string" in p for p in problems)
