@@ -201,49 +201,107 @@ def _check_decoupled(model: Model, manifest: dict, report: Report) -> None:
 
 # ---- ensemble ------------------------------------------------------------------------------------------------------
 
+@dataclass
+class _EnsembleTensor:
+    """An ensemble tensor as Triton's ValidateEnsembleConfig sees it (core src/ensemble_utils.cc): where its dtype and
+    shape were inferred from, and the label of the decoupled model whose responses it comes from (0: none)."""
+
+    source: str
+    data_type: str
+    dims: tuple
+    batching: bool
+    label: int = 0
+
+    def differs_from(self, other: "_EnsembleTensor") -> str | None:
+        if self.data_type != other.data_type:
+            return f"{self.data_type} from {self.source} but {other.data_type} from {other.source}"
+        full = ((-1,) if self.batching else ()) + self.dims, ((-1,) if other.batching else ()) + other.dims
+        if not (_dims_match(self.dims, other.dims) or _dims_match(*full)):
+            return f"shape {list(full[0])} from {self.source} but {list(full[1])} from {other.source}"
+        return None
+
+
+def _dims_match(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+
+
+def _ensemble_tensor(source: str, tensor: dict, batching: bool) -> _EnsembleTensor:
+    reshape = first(tensor, "reshape")
+    dims = tuple(reshape.get("shape", [])) if reshape is not None and source.startswith("ensemble") else \
+        tuple(tensor.get("dims", []))
+    return _EnsembleTensor(source, first(tensor, "data_type"), dims, batching)
+
+
 def _check_ensemble(model: Model, models: dict[str, Model], report: Report) -> None:
+    """What Triton's ValidateEnsembleConfig and ValidateTensorMapping refuse (core src/ensemble_utils.cc), with the
+    steps taken in their written order: every step model exists and batches at least as far as the ensemble; each
+    input_map key is an input of the step's model, mapped once, every required input mapped; each output_map key an
+    output; a tensor's dtype and shape agree wherever it is inferred; no step takes inputs that come from different
+    decoupled models; every ensemble output is produced."""
     scheduling = first(model.config, "ensemble_scheduling", {})
-    available = dict(model.tensors("input"))  # tensor name -> its declaration, as it becomes available
-    produced: set[str] = set()
     batch = first(model.config, "max_batch_size", 0)
+    tensors = {name: _ensemble_tensor("ensemble input", t, batch > 0) for name, t in model.tensors("input").items()}
+    label = 0
     for step in scheduling.get("step", []):
         step_name = first(step, "model_name")
         target = models.get(step_name)
         if target is None:
             report.fail(model.name, f"a step calls model {step_name!r}, which the repository does not have")
             continue
-        if first(target.config, "max_batch_size", 0) < batch:
-            report.fail(model.name, f"max_batch_size {batch} exceeds {step_name}'s "
-                                    f"{first(target.config, 'max_batch_size', 0)} (Triton refuses the ensemble)")
+        target_batch = first(target.config, "max_batch_size", 0)
+        if target_batch != 0 and target_batch < batch:
+            report.fail(model.name, f"max_batch_size {batch} exceeds {step_name}'s {target_batch} (Triton refuses "
+                                    "the ensemble)")
         inputs, outputs = target.tensors("input"), target.tensors("output")
-        mapped = {}
+        mapped: dict[str, list[str]] = {}
         for entry in step.get("input_map", []):
-            key, value = first(entry, "key"), first(entry, "value")
-            mapped[key] = value
+            mapped.setdefault(first(entry, "key"), []).append(first(entry, "value"))
+        labels = set()
+        for key, values in mapped.items():
             if key not in inputs:
                 report.fail(model.name, f"step {step_name}: {key!r} is not an input of {step_name}")
-            elif value not in available:
+                continue
+            if len(values) > 1:
+                report.fail(model.name, f"step {step_name}: input {key!r} is mapped to several tensors {values}")
+            value = values[0]
+            if value not in tensors:
                 report.fail(model.name, f"step {step_name}: input {key!r} reads {value!r}, which no ensemble input "
                                         "or earlier step provides")
-            elif first(available[value], "data_type") != first(inputs[key], "data_type"):
-                report.fail(model.name, f"step {step_name}: {value!r} is {first(available[value], 'data_type')}, "
-                                        f"{step_name}'s {key!r} is {first(inputs[key], 'data_type')}")
+                continue
+            labels.add(tensors[value].label)
+            problem = tensors[value].differs_from(_ensemble_tensor(f"{step_name} input {key}", inputs[key],
+                                                                   target_batch > 0))
+            if problem:
+                report.fail(model.name, f"step {step_name}: tensor {value!r} is inconsistent: {problem}")
         for key, tensor in inputs.items():
             if key not in mapped and not first(tensor, "optional", False):
                 report.fail(model.name, f"step {step_name}: required input {key!r} is not mapped")
+        if len(labels) > 1:
+            report.fail(model.name, f"step {step_name} receives inputs originated from different decoupled models "
+                                    "(Triton refuses the ensemble)")
+        if target.decoupled:
+            label += 1
+        step_label = label if target.decoupled else max(labels, default=0)
         for entry in step.get("output_map", []):
             key, value = first(entry, "key"), first(entry, "value")
             if key not in outputs:
                 report.fail(model.name, f"step {step_name}: {key!r} is not an output of {step_name}")
                 continue
-            available[value] = outputs[key]
-            produced.add(value)
+            produced = _ensemble_tensor(f"{step_name} output {key}", outputs[key], target_batch > 0)
+            produced.label = step_label
+            declared = tensors.get(value)
+            if declared is not None and declared.source != "ensemble input":
+                report.fail(model.name, f"step {step_name}: tensor {value!r} is produced twice")
+            elif declared is not None:
+                report.fail(model.name, f"step {step_name}: {value!r} is an ensemble input and a step's output")
+            tensors[value] = produced
     for name, tensor in model.tensors("output").items():
-        if name not in produced:
+        if name not in tensors or tensors[name].source == "ensemble input":
             report.fail(model.name, f"output {name!r} is produced by no step")
-        elif first(available[name], "data_type") != first(tensor, "data_type"):
-            report.fail(model.name, f"output {name!r} is {first(tensor, 'data_type')}, its step produces "
-                                    f"{first(available[name], 'data_type')}")
+            continue
+        problem = _ensemble_tensor("ensemble output", tensor, batch > 0).differs_from(tensors[name])
+        if problem:
+            report.fail(model.name, f"output {name!r} is inconsistent: {problem}")
 
 
 # ---- Python models -------------------------------------------------------------------------------------------------

@@ -199,6 +199,16 @@ def test_a_miswired_ensemble_is_named(dry_run_repo, tmp_path):
     assert any("required input 'SEQUENCE_LENGTH' is not mapped" in p for p in problems)
 
 
+def test_a_step_fed_by_a_decoupled_model_and_by_the_request_is_refused(dry_run_repo, tmp_path):
+    """Triton's ValidateEnsembleConfig: a step's inputs must all come from the same decoupled model's responses (or
+    none); postprocessing fed the engine's tokens and a length straight from the request would never load."""
+    problems = _broken(dry_run_repo, tmp_path, _edit_config(
+        "ensemble", 'input_map { key: "SEQUENCE_LENGTH" value: "_SEQUENCE_LENGTH" }',
+        'input_map { key: "SEQUENCE_LENGTH" value: "max_tokens" }'))
+    assert ("ensemble: step postprocessing receives inputs originated from different decoupled models (Triton "
+            "refuses the ensemble)") in problems
+
+
 def test_an_import_the_container_lacks_is_named(dry_run_repo, tmp_path):
     def add(repo: Path) -> None:
         (repo / "postprocessing" / "1" / "bls" / "extra.py").write_text(
