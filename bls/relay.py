@@ -1,24 +1,36 @@
-"""The Python half of the relay (relay/relay.cc): a request that reached tensorrt_llm_bls through the relay
-has its responses sent by the relay, inside tritonserver, and not by this process's stub.
+"""The Python half of the relay (relay/): a request that reached tensorrt_llm_bls through the relay has its
+responses sent by the relay, inside tritonserver, and not by this process's stub.
 
-The relay forwards the client's request to the Python model with two request parameters: the stream number
-(STREAM_PARAMETER) and the abstract Unix socket it listens on (SOCKET_PARAMETER). The Python model claims the
-stream on its connection to that socket, then writes each response of the request as one frame (the layout is
-relay.cc's header comment); the last frame is final (a final response or an error), and only then does the
-Python model complete the child request itself. A frame costs a few µs to encode and a share of one write; a
-response sent through the stub costs 40-70 µs of this process's CPU and as much of tritonserver's (README,
-Benchmarks). The relay tells the claiming connection when a stream's client cancels it, so that the model never
-asks Triton (a round trip each).
+The relay forwards the client's request to the Python model with three request parameters: the stream number
+(STREAM_PARAMETER), the path of the Unix socket it listens on (SOCKET_PARAMETER, in a directory of its own, 0700)
+and the stream's token (TOKEN_PARAMETER). The Python model claims the stream on its connection to that socket,
+presenting the token, then writes each response of the request as one frame; the last frame is final (a final
+response or an error), and only then does the Python model complete the child request itself. The frames are
+laid out in relay/frames.md, the one definition both sides are tested against (tests/fixtures/relay_frames/).
+A frame costs a few µs to encode and a share of one write; a response sent through the stub costs 40-70 µs of
+this process's CPU and as much of tritonserver's (README, Benchmarks). The relay tells the claiming connection
+when a stream's client cancels it, so that the model never asks Triton (a round trip each).
+
+The relay closes a connection that sends anything it may not (relay/frames.md, Rules), which ends every stream
+claimed on it. So this side never sends what it cannot vouch for: a request's relay parameters are checked
+before anything is claimed (RelayedRequest.from_parameters: the socket is a relay's, in a directory of this
+user's that nobody else can enter, and the token is the one the relay's key gives the stream; a client that
+calls the Python model directly with made-up parameters is refused there), and frames of a stream that is not
+claimed on the current connection are dropped (RelayConnection.write).
 
 The same connection carries the process's engine calls (RelayEngineCall): the relay sends each as an in-process
 request to the engine and writes its responses back as frames, which the connection's reader thread hands on, a
-burst at a time, as bls.engine_http's reader does for HTTP streams.
+burst at a time.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import os
 import socket
+import stat
 import struct
 import threading
 import time
@@ -28,13 +40,22 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-
 STREAM_PARAMETER = "llama3_relay_stream"
 SOCKET_PARAMETER = "llama3_relay_socket"
+TOKEN_PARAMETER = "llama3_relay_token"
+RELAY_PARAMETERS = (STREAM_PARAMETER, SOCKET_PARAMETER, TOKEN_PARAMETER)
 
-# Frame kinds (relay.cc's FrameKind, which says who writes which).
+# Frame kinds (relay/frames.md says who writes which).
 RESPONSE, FINAL_RESPONSE, ERROR, CLAIM, CANCELLED = 0, 1, 2, 3, 4
 ENGINE_REQUEST, ENGINE_CANCEL, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR = 5, 6, 7, 8, 9
+_STREAM_KINDS = (RESPONSE, FINAL_RESPONSE, ERROR)
+MAX_FRAME_BYTES = 1 << 30  # the length field's limit (relay/frames.h kMaxFrameBytes)
+TOKEN_BYTES = 16
+# The relay's directory: made by mkdtemp with this prefix, holding `socket` and `key` (relay/socket_loop.cc).
+_DIRECTORY_PREFIX = "llama3_relay."
+_SOCKET_NAME = "socket"
+_KEY_NAME = "key"
+_KEY_BYTES = 32
 # TRITONSERVER_DataType by numpy dtype; BYTES (13) for object and bytes arrays.
 _DATATYPES = {
     np.dtype(np.bool_): 1, np.dtype(np.uint8): 2, np.dtype(np.uint16): 3, np.dtype(np.uint32): 4,
@@ -47,21 +68,70 @@ _HEADER = struct.Struct("<IQB")  # the length of the rest, the stream, the kind
 _LENGTH = struct.Struct("<I")
 _RECV_BYTES = 1 << 16
 log = logging.getLogger(__name__)
+_keys: dict[str, bytes] = {}  # relay directory -> its key, read once
 
 
 @dataclass(frozen=True)
 class RelayedRequest:
-    """Where a relayed request's responses go."""
+    """Where a relayed request's responses go, and the token its claim presents."""
 
-    socket_name: str
+    socket_name: str  # the relay socket's path
     stream: int
+    token: bytes
 
     @classmethod
     def from_parameters(cls, parameters: Mapping[str, object]) -> "RelayedRequest | None":
-        """From the request's parameters; None for a request that did not come through the relay."""
-        if STREAM_PARAMETER not in parameters or SOCKET_PARAMETER not in parameters:
+        """From the request's parameters; None for a request that did not come through the relay, including one
+        whose relay parameters the relay did not write (logged): a socket that is not a relay's, or a token that
+        is not the stream's."""
+        present = [name for name in RELAY_PARAMETERS if name in parameters]
+        if not present:
             return None
-        return cls(str(parameters[SOCKET_PARAMETER]), int(parameters[STREAM_PARAMETER]))
+        try:
+            if len(present) != len(RELAY_PARAMETERS):
+                raise ValueError(f"only {', '.join(present)} of the relay's parameters")
+            path, stream = str(parameters[SOCKET_PARAMETER]), int(parameters[STREAM_PARAMETER])
+            token = bytes.fromhex(str(parameters[TOKEN_PARAMETER]))
+            if not hmac.compare_digest(token, stream_token(relay_key(path), stream)):
+                raise ValueError(f"not the token of stream {stream}")
+        except (ValueError, OSError) as error:
+            log.warning("a request with relay parameters the relay did not write (%s): not relayed", error)
+            return None
+        return cls(path, stream, token)
+
+
+def stream_token(key: bytes, stream: int) -> bytes:
+    """A stream's token: HMAC-SHA256(key, stream as u64 little-endian), its first TOKEN_BYTES (relay/token.h)."""
+    return hmac.new(key, struct.pack("<Q", stream), hashlib.sha256).digest()[:TOKEN_BYTES]
+
+
+def relay_key(socket_path: str) -> bytes:
+    """The key of the relay listening at `socket_path`, read from its directory once. OSError or ValueError when
+    the path is not a relay's socket in a directory that only this user can enter."""
+    directory, name = os.path.split(socket_path)
+    key = _keys.get(directory)
+    if key is not None and name == _SOCKET_NAME:
+        return key
+    if not os.path.isabs(socket_path) or name != _SOCKET_NAME or \
+            not os.path.basename(directory).startswith(_DIRECTORY_PREFIX):
+        raise ValueError(f"{socket_path!r} is not a relay's socket")
+    _check_private(os.lstat(directory), stat.S_ISDIR, directory)
+    descriptor = os.open(os.path.join(directory, _KEY_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        _check_private(os.fstat(descriptor), stat.S_ISREG, os.path.join(directory, _KEY_NAME))
+        key = os.read(descriptor, _KEY_BYTES + 1)
+    finally:
+        os.close(descriptor)
+    if len(key) != _KEY_BYTES:
+        raise ValueError(f"{directory}: the relay's key is {len(key)} bytes, not {_KEY_BYTES}")
+    _keys[directory] = key
+    return key
+
+
+def _check_private(status: os.stat_result, is_kind: Callable[[int], bool], path: str) -> None:
+    if not is_kind(status.st_mode) or status.st_uid != os.geteuid() or status.st_mode & 0o077:
+        raise ValueError(f"{path} is not this user's alone (mode {stat.filemode(status.st_mode)}, uid "
+                         f"{status.st_uid})")
 
 
 def encode_tensors(outputs: Mapping[str, np.ndarray]) -> bytes:
@@ -94,8 +164,8 @@ def error_frame(stream: int, code: int, message: str) -> bytes:
     return _HEADER.pack(9 + len(body), stream, ERROR) + body
 
 
-def claim_frame(stream: int) -> bytes:
-    return _HEADER.pack(9, stream, CLAIM)
+def claim_frame(stream: int, token: bytes) -> bytes:
+    return _HEADER.pack(9 + len(token), stream, CLAIM) + token
 
 
 def engine_request_frame(call: int, model_name: str, request_id: str, outputs: Iterable[str],
@@ -117,13 +187,13 @@ def _string(text: str) -> bytes:
 
 def relay_frames(data: bytes) -> tuple[list[tuple[int, int, memoryview]], bytes]:
     """The whole frames at the start of `data` (what the relay writes) as (stream, kind, rest of the body), and the
-    bytes after them. ValueError on a kind the relay does not write."""
+    bytes after them. ValueError on a kind the relay does not write or an impossible length."""
     frames = []
     view = memoryview(data)
     at = 0
     while len(data) - at >= _HEADER.size:
         length, stream, kind = _HEADER.unpack_from(data, at)
-        if kind not in (CANCELLED, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR) or length < 9:
+        if kind not in (CANCELLED, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR) or not 9 <= length <= MAX_FRAME_BYTES:
             raise ValueError(f"a frame of kind {kind} and length {length} from the relay")
         if len(data) - at - 4 < length:
             break
@@ -290,14 +360,14 @@ class RelayConnection:
         with self._lock:
             return self._calls.pop(call, None) is not None
 
-    def claim(self, stream: int, on_cancelled: Callable[[], None]) -> None:
-        """Tell the relay that this connection sends `stream`. `on_cancelled()` runs if its client cancels it, or
-        if the connection breaks (the relay then ends the streams claimed on it); on the connection's reader
-        thread or a writing thread, with the connection's lock held: it must only take note. Raises OSError as
-        write() does."""
+    def claim(self, relayed: RelayedRequest, on_cancelled: Callable[[], None]) -> None:
+        """Tell the relay that this connection sends the stream, presenting its token. `on_cancelled()` runs if its
+        client cancels it, or if the connection breaks (the relay then ends the streams claimed on it); on the
+        connection's reader thread or a writing thread, with the connection's lock held: it must only take note.
+        Raises OSError as write() does."""
         with self._lock:
-            self._claims[stream] = on_cancelled
-        self.write(claim_frame(stream))
+            self._claims[relayed.stream] = on_cancelled
+        self.write(claim_frame(relayed.stream, relayed.token))
 
     def release(self, stream: int) -> None:
         """The stream has ended: its cancellation no longer matters."""
@@ -305,9 +375,13 @@ class RelayConnection:
             self._claims.pop(stream, None)
 
     def write(self, frame: bytes, now: bool = False) -> None:
-        """Raises OSError when the relay cannot be reached (it was unloaded, or the server is stopping). `now`:
-        written at once even while corked, after what gathered before it."""
+        """One whole frame. Raises OSError when the relay cannot be reached (it was unloaded, or the server is
+        stopping). `now`: written at once even while corked, after what gathered before it. A stream's frame is
+        dropped unless the stream is claimed on this connection: its claim went with a connection that broke, and
+        the relay, which has ended the stream, would close this one for it."""
         with self._lock:
+            if frame[12] in _STREAM_KINDS and _HEADER.unpack_from(frame)[1] not in self._claims:
+                return  # its claim went with a connection that broke: the relay has ended the stream
             self._gathered.append(frame)
             if self._corks and not now:
                 return
@@ -319,7 +393,7 @@ class RelayConnection:
         if self._socket is None:
             connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             try:
-                connection.connect("\0" + self._socket_name)
+                connection.connect(self._socket_name)
             except OSError:
                 connection.close()
                 raise
@@ -340,6 +414,7 @@ class RelayConnection:
             pass
         self._socket.close()
         self._socket = None
+        self._gathered.clear()  # frames of the streams and calls that end here: never for the next connection
         claims, self._claims = self._claims, {}
         for on_cancelled in claims.values():
             on_cancelled()

@@ -22,7 +22,7 @@ from bls.artifact import verify_model_files
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest, ModelStepError, Unavailable
 from bls.relay import (
-    SOCKET_PARAMETER, STREAM_PARAMETER, RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame,
+    RELAY_PARAMETERS, RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame,
 )
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", 
 # ...} beside the `streaming` input, which is what decides (the tensorrtllm backend ignores it too); the generate
 # endpoint makes a body's "id" the request id and also passes it on as a parameter (http_server.cc, 2.49+); the
 # relay (bls.relay) says where a relayed request's responses go (it refuses those names from clients).
-_NOT_INPUTS = frozenset({"Streaming", "id", STREAM_PARAMETER, SOCKET_PARAMETER})
+_NOT_INPUTS = frozenset({"Streaming", "id", *RELAY_PARAMETERS})
 
 
 def check_shipped_files(version_dir: Path, model_name: str) -> None:
@@ -281,7 +281,7 @@ class RelayedSender(SafeSender):
         self._connection = connection
         self._ending = threading.Lock()  # _closed is set once, before the final frame
         try:
-            connection.claim(self._stream, self._on_cancelled)
+            connection.claim(relayed, self._on_cancelled)
         except OSError as error:  # nothing this request sends can reach its client: it stops at its first check
             connection.release(self._stream)
             log.warning("%s: the relay cannot be reached (%s); request %s stops", model_name, error, self._stream)

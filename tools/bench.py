@@ -9,6 +9,8 @@ Sections (each runnable alone with --only):
   bls          tensorrt_llm_bls streams: text == non-streamed text, flat per-token CPU over 4,096 tokens
   speculative  draft-target speculative decoding on the real default repository
   awq          AWQ int4 target vs the unquantised model: greedy agreement and logit error (no server)
+  guided       guided decoding: first token and tok/s guided vs unguided, grammar compile cold and cached, the
+               per-token mask cost (real default repository, and in-process)
 
 Tables go to stdout; the same rows go to <out>/results.json (a run of some sections updates only those).
 Speed goals are measured here and never asserted in tests. --quick shortens every section for development:
@@ -33,7 +35,7 @@ from typing import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tools import (  # noqa: E402
-    bench_awq, bench_bls, bench_detokenizer, bench_pipeline, bench_speculative, bench_streaming,
+    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_pipeline, bench_speculative, bench_streaming,
 )
 from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
 
@@ -53,6 +55,8 @@ SECTIONS = (
     Section("bls", "4. tensorrt_llm_bls streams: correctness and flat cost (synthetic engine)", bench_bls.run),
     Section("speculative", "5. speculative decoding (real default repository)", bench_speculative.run),
     Section("awq", "6. AWQ int4 quality vs the unquantised model", bench_awq.run),
+    Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)",
+            bench_guided.run),
 )
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine_build.repository import RELAY_SOURCE, engine_is_relayed
+from engine_build.repository import engine_is_relayed, relay_include_dir
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
@@ -151,7 +151,7 @@ def _bench_models_repo(ctx: BenchContext) -> Path:
     if shutil.which("g++"):
         version = repo / "send_cpp" / "1"
         version.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["g++", "-O2", "-shared", "-fPIC", f"-I{RELAY_SOURCE.parent}", "-o",
+        subprocess.run(["g++", "-O2", "-shared", "-fPIC", f"-I{relay_include_dir()}", "-o",
                         str(version / "libtriton_send_cpp.so"), str(BENCH_MODELS / "send_cpp" / "send_cpp.cc")],
                        check=True)
     else:

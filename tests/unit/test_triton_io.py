@@ -152,19 +152,18 @@ def test_the_stream_ends_exactly_once(triton_io):
 def test_a_relayed_stream_finished_without_outputs_ends_with_a_final_frame(triton_io):
     """finish() (the embedded engine's answer to a `stop` request, behind its relay) writes a final frame that only
     closes the stream, then completes the child request: a child completed without one would be a relay error."""
-    from bls.relay import RelayConnections, RelayedRequest, claim_frame, encode_tensors, response_frame
+    from bls.relay import RelayConnections, encode_tensors, response_frame
     from tests.unit.test_relay_frames import _RelayEnd
 
     relay_end = _RelayEnd()
     connections = RelayConnections()
     try:
         request = Request()
-        sender = triton_io.RelayedSender(request, "m", RelayedRequest(relay_end.name, 4),
-                                         connections.get(relay_end.name))
+        sender = triton_io.RelayedSender(request, "m", relay_end.relayed(4), connections.get(relay_end.name))
         relay_end.accept()
         sender.finish()
         sender.finish()  # closed: nothing more
-        expected = claim_frame(4) + response_frame(4, encode_tensors({}), final=True)
+        expected = relay_end.claim(4) + response_frame(4, encode_tensors({}), final=True)
         assert relay_end.read(len(expected)) == expected
         assert request.sender.sent == [(None, 1)]
     finally:

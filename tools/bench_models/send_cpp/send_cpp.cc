@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "triton_c_api.h"
+#include "triton/core/tritonbackend.h"
 
 namespace {
 
