@@ -191,7 +191,9 @@ PREPROCESSING = ModelContract(
         _scalar("QUERY", "TYPE_STRING"),
         _scalar("MESSAGES", "TYPE_STRING", extension=True),
         _scalar("DECODER_QUERY", "TYPE_STRING"),
-        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32", optional=False),
+        # Required upstream; optional here so that the ensemble always runs this step (see max_tokens), which then
+        # refuses a request without it.
+        _scalar("REQUEST_OUTPUT_LEN", "TYPE_INT32"),
         _t("BAD_WORDS_DICT", "TYPE_STRING", [-1]),
         _t("STOP_WORDS_DICT", "TYPE_STRING", [-1]),
         _t("EMBEDDING_BIAS_WORDS", "TYPE_STRING", [-1]),
@@ -249,7 +251,12 @@ _TEXT_API_INPUTS = (
     _scalar("text_input", "TYPE_STRING"),  # upstream: required; optional here because `messages` may replace it
     _scalar("messages", "TYPE_STRING", extension=True),
     _scalar("decoder_text_input", "TYPE_STRING"),
-    _scalar("max_tokens", "TYPE_INT32", optional=False),
+    # Required upstream; optional here, and required by the models themselves (preprocessing's REQUEST_OUTPUT_LEN, the
+    # BLS). Triton checks required inputs by count only, so a request with another optional input and no max_tokens
+    # got past it; the ensemble then never ran its first step (one of its inputs never came) and, decoupled, answered
+    # with no response and no error (core's EnsembleContext::FinishEnsemble; generate: "expects model to produce
+    # exactly 1 response", HTTP 200). Optional, a missing max_tokens reaches preprocessing, whose error names it.
+    _scalar("max_tokens", "TYPE_INT32"),
     _scalar("num_return_sequences", "TYPE_INT32"),
     _t("bad_words", "TYPE_STRING", [-1]),
     _t("stop_words", "TYPE_STRING", [-1]),

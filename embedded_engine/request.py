@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bls.batch import BatchInputs, decode_utf8
+from bls.batch import BatchInputs, decode_utf8, refuse_deep_json
 from bls.contract import RENAMED_INPUTS
 from bls.errors import InvalidRequest
 from bls.token_ids import check_token_ids
@@ -213,6 +213,8 @@ def _compiled_guide(rows: BatchInputs, row: int, grammars: GrammarCache | None) 
     guide = parse_guide(text(GUIDE_TYPE_INPUT), text(GUIDE_INPUT))
     if guide is None:
         return None
+    if guide.type == "json_schema":
+        refuse_deep_json(guide.text, GUIDE_INPUT)
     if grammars is None:
         raise InvalidRequest(GUIDE_TYPE_INPUT, "guided decoding is not configured for this engine (its "
                              "guided_decoding_backend / xgrammar_tokenizer_info_path parameters are unset)")

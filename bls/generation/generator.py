@@ -24,7 +24,7 @@ import numpy as np
 
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
-from bls.batch import BatchInputs
+from bls.batch import BatchInputs, decode_utf8, refuse_deep_json
 from bls.errors import GenerationCancelled, InvalidRequest, ModelStepError
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
@@ -46,6 +46,7 @@ _OUTPUTS_ASKED_BY = {
         if name.endswith(("_blocks", "_time_ns")) or name in ("acceptance_rate", "total_accepted_draft_tokens",
                                                               "total_draft_tokens")),
 }
+_GUIDE = "guided_decoding_guide"
 # In a non-streamed response, per-token outputs are joined along their token axis.
 _PER_TOKEN_AXIS = {"output_log_probs": -1, "generation_logits": 2}
 
@@ -159,6 +160,9 @@ class TextRequest:
                 # start the document again, and TensorRT-LLM 1.2.1's engine has no input that resumes one.
                 raise InvalidRequest("num_draft_tokens", "speculative decoding cannot be combined with guided decoding "
                                                          "(guided_decoding_guide_type): send one or the other")
+        for row in range(batch_size):  # a GPU engine's xgrammar would spend seconds on a deep schema (bls.batch)
+            if rows.scalar("guided_decoding_guide_type", row, bytes) == b"json_schema" and rows.has(_GUIDE):
+                refuse_deep_json(rows.scalar(_GUIDE, row, lambda value: decode_utf8(value, _GUIDE)), _GUIDE)
         asked = [flag for flag in _OUTPUTS_ASKED_BY if rows.uniform_scalar(flag, bool, False)]
         if asked and batch_size > 1 and not stream:
             raise InvalidRequest(asked[0], "with a batch of several prompts needs stream=true (each row's "

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from bls.batch import decode_json
 from bls.errors import InvalidRequest
 
 # Llama 3 names the role that carries tool results "ipython" (3.1's template also accepts "tool" and
@@ -20,12 +20,9 @@ class ChatMessage:
 
 
 def parse_chat_messages(text: str, field: str) -> list[ChatMessage]:
-    """A JSON chat (`[{"role": ..., "content": ...}, ...]`) as validated messages."""
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise InvalidRequest(field, f"is not valid JSON ({error})") from None
-    return validate_chat_messages(value, field)
+    """A JSON chat (`[{"role": ..., "content": ...}, ...]`) as validated messages. A chat nests two levels (a list
+    of objects); deeper JSON is refused before it is decoded (bls.batch.decode_json)."""
+    return validate_chat_messages(decode_json(text, field), field)
 
 
 def validate_chat_messages(value: Any, field: str) -> list[ChatMessage]:

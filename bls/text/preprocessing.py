@@ -66,7 +66,7 @@ class Preprocessor:
 
     def __call__(self, inputs: Tensors) -> Tensors:
         if "REQUEST_OUTPUT_LEN" not in inputs:
-            raise InvalidRequest("REQUEST_OUTPUT_LEN", "is required")
+            raise InvalidRequest("REQUEST_OUTPUT_LEN", "is required (max_tokens of the ensemble)")
         if ("QUERY" in inputs) == ("MESSAGES" in inputs):
             raise InvalidRequest("QUERY", "send exactly one of QUERY (text) and MESSAGES (JSON chat)")
         words_name, weights_name = "EMBEDDING_BIAS_WORDS", "EMBEDDING_BIAS_WEIGHTS"

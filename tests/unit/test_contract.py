@@ -9,8 +9,9 @@ upstream's dtype and dims; where upstream requires an input and we do not (text_
 from bls.contract import CONTRACTS, ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
 from tests.unit import upstream_contracts as upstream
 
-# Required upstream, optional here because `messages` / MESSAGES may replace them.
-OPTIONAL_HERE = {"text_input", "QUERY"}
+# Required upstream, optional here: `messages` / MESSAGES may replace the first two; the models refuse a request
+# without max_tokens / REQUEST_OUTPUT_LEN themselves, which Triton's ensemble needs to report it (bls/contract.py).
+OPTIONAL_HERE = {"text_input", "QUERY", "max_tokens", "REQUEST_OUTPUT_LEN"}
 
 
 def _inputs(specs):
