@@ -8,9 +8,11 @@ repository, chosen once when the model loads (its `transport` parameter, written
   (preprocessing, postprocessing) are in-process `exec`.
 - InProcessTransport (RELAY=off, no C++ compiler, or DECOUPLED=false): this model is tensorrt_llm_bls itself, a
   plain Python-backend model as NVIDIA's BLS is: each request is served to its end on the thread that called
-  `execute`, engine calls by `exec` (exec(decoupled=True) streams), responses by the stub's sends. One request at a
-  time per instance is what keeps the stub safe (bls.triton_io.InProcessModels says why); concurrency is the
-  instance count, and Triton's queue bounds admission (max_queue_size in the model's dynamic_batching).
+  `execute`, engine calls by `exec` (exec(decoupled=True) streams), responses by the stub's sends. Every pb_utils
+  call of the process is made on that one thread (metrics included): the stub is not safe against calls from
+  several threads, and its decoupled BLS deadlocks with two readers (bls.triton_io.InProcessModels says why).
+  Concurrency is the instance count, and Triton's queue bounds admission (max_queue_size in the model's
+  dynamic_batching).
 
 Neither needs the server's network endpoints.
 """
@@ -59,9 +61,12 @@ class InProcessTransport:
     """Serves each request to its end on the calling thread: Triton's `execute` thread (see the module docstring)."""
 
     def __init__(self, model_name: str, contract: ModelContract, decoupled: bool,
-                 checks: CancellationChecks = PROCESS_CHECKS):
+                 after_send: Callable[[], None] = lambda: None, checks: CancellationChecks = PROCESS_CHECKS):
+        """after_send(): run on this thread after each response is sent and after each request (the model's metrics
+        are handed over there: no other thread may make pb_utils calls)."""
         self._model_name = model_name
         self._contract = contract
+        self._after_send = after_send
         self._checks = checks
         self.models = InProcessModels(decoupled_engines=decoupled)
         self.row_pool: Executor | None = None  # a batch's rows one after another: streams on one thread only
@@ -69,7 +74,7 @@ class InProcessTransport:
     def execute(self, requests: list[Any], serve: Serve) -> None:
         arrived = time.monotonic()
         for request in requests:
-            sink = DirectSink(SafeSender(request, self._model_name), self._checks)
+            sink = DirectSink(SafeSender(request, self._model_name), self._checks, self._after_send)
             try:
                 with PB_LOCK:
                     inputs = read_inputs(request, self._contract)
@@ -79,6 +84,7 @@ class InProcessTransport:
                 sink.send_error(error)
             finally:
                 sink.close()
+                self._after_send()
 
     def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
         """Unload: nothing to wait for; every request ended inside `execute`, which Triton never runs beside
@@ -90,12 +96,14 @@ class DirectSink:
     """A request's responses, each sent through the stub at once; cancellation asked of Triton at the rate the
     process's checks allow (bls.cancellation)."""
 
-    def __init__(self, sender: SafeSender, checks: CancellationChecks):
+    def __init__(self, sender: SafeSender, checks: CancellationChecks, after_send: Callable[[], None]):
         self._sender = sender
         self._cancellation = checks.poll(lambda: sender.is_cancelled(wait=True))
+        self._after_send = after_send
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
         self._sender.send(outputs, final)
+        self._after_send()
 
     def send_error(self, error: BaseException) -> None:
         self._sender.send_error(error)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 import traceback
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
@@ -341,24 +342,39 @@ class Metrics:
 
     FLUSH_S = 0.1
 
-    def __init__(self, lock: threading.Lock | threading.RLock | None = None):
+    def __init__(self, lock: threading.Lock | threading.RLock | None = None, flush_thread: bool = True):
         """lock: what serialises the metric calls. By default their own lock (they only need serialising among
         themselves, per the reference experiments): the embedded engine updates metrics every step and must
-        not wait for sends. The BLS passes PB_LOCK so that all its pb_utils calls are serialised: its stub died
-        once in a 256-client soak (cause not captured) while metric calls ran beside its sends."""
+        not wait for sends. The BLS passes PB_LOCK so that all its pb_utils calls are serialised.
+        flush_thread=False: no thread of its own; the owner calls flush_due() on the one thread that makes the
+        process's pb_utils calls (the in-process BLS: bls.transports)."""
         self._lock = lock or threading.Lock()
         self._families: dict[str, Any] = {}
         self._metrics: list[_Metric] = []
         self._closed = threading.Event()
-        self._flusher = threading.Thread(target=self._flush_every_period, name="metrics-flush", daemon=True)
-        self._flusher.start()
+        self._next_flush = time.monotonic() + self.FLUSH_S
+        self._flusher = None
+        if flush_thread:
+            self._flusher = threading.Thread(target=self._flush_every_period, name="metrics-flush", daemon=True)
+            self._flusher.start()
+
+    def flush_due(self) -> None:
+        """Hand Triton what gathered, if FLUSH_S has passed since the last time (flush_thread=False)."""
+        now = time.monotonic()
+        if now < self._next_flush or self._closed.is_set():
+            return
+        self._next_flush = now + self.FLUSH_S
+        with self._lock:
+            for metric in self._metrics:
+                metric.flush()
 
     def close(self) -> None:
         """Hand Triton what is pending, then release every metric and family now (call it from finalize): left
         to the stub's exit, a MetricFamily's destructor writes to shared memory that is gone by then, and the
         stub segfaulted after its model had unloaded (core dumps after two soaks). Later updates are ignored."""
         self._closed.set()
-        self._flusher.join(timeout=5)
+        if self._flusher is not None:
+            self._flusher.join(timeout=5)
         with self._lock:
             for metric in self._metrics:
                 metric.flush()

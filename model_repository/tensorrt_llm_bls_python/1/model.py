@@ -25,6 +25,7 @@ from bls.generation.generator import (  # noqa: E402
 )
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.transports import InProcessTransport, RelayTransport  # noqa: E402
+from bls.server_watch import exit_with_server  # noqa: E402
 from bls.triton_io import (  # noqa: E402
     PB_LOCK, Metrics, check_shipped_files, model_parameters, parse_bool, parse_positive_int,
 )
@@ -39,6 +40,7 @@ FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server(MODEL)  # this stub ends when tritonserver does, however it ends
         check_shipped_files(HERE, MODEL)
         model_config = json.loads(args["model_config"])
         params = model_parameters(model_config)
@@ -58,6 +60,9 @@ class TritonPythonModel:
             decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
         )
         transport = params.get("transport", "")
+        # In-process, every pb_utils call of the process is made on Triton's execute thread (bls.transports), the
+        # metrics' too: they are handed over as responses are sent.
+        self.metrics = Metrics(lock=PB_LOCK, flush_thread=transport == "relay")
         if transport == "relay":
             if not self.config.decoupled:
                 raise ValueError(f"{MODEL}: transport relay needs a decoupled model (make repo DECOUPLED=true)")
@@ -67,7 +72,8 @@ class TritonPythonModel:
                 queued=int(params.get("max_queued_requests", "256")),
                 merge=partial(merge_streamed, accumulate=self.config.accumulate_tokens))
         elif transport == "in_process":
-            self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS, self.config.decoupled)
+            self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS, self.config.decoupled,
+                                                after_send=self.metrics.flush_due)
         else:
             raise ValueError(f"{MODEL}: model parameter transport={transport!r} is neither relay nor in_process")
         pb_utils.Logger.log_info(f"{MODEL}: {transport} transport")
@@ -77,7 +83,6 @@ class TritonPythonModel:
         )
 
     def _observer(self) -> GenerationObserver:
-        self.metrics = Metrics(lock=PB_LOCK)
         labels = {"model": MODEL}
         first_token = self.metrics.histogram(
             "llm_bls_time_to_first_token_seconds", "Time from request arrival to the first generated token",
