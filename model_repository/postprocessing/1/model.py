@@ -13,6 +13,7 @@ import bls.text.without_torch  # noqa: E402,F401 - first: before anything import
 from bls.contract import POSTPROCESSING  # noqa: E402
 from bls.text.postprocessing import Postprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
+from bls.server_watch import exit_with_server  # noqa: E402
 from bls.triton_io import check_shipped_files, model_parameters, parse_bool, respond_to_each  # noqa: E402
 
 MODEL = "postprocessing"
@@ -20,6 +21,7 @@ MODEL = "postprocessing"
 
 class TritonPythonModel:
     def initialize(self, args):
+        exit_with_server(MODEL)  # this stub ends when tritonserver does, however it ends
         check_shipped_files(HERE, MODEL)
         params = model_parameters(json.loads(args["model_config"]))
         self.postprocess = Postprocessor(

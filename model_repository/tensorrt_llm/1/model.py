@@ -33,6 +33,7 @@ from bls.cancellation import PROCESS_CHECKS  # noqa: E402
 from bls.contract import TENSORRT_LLM, ModelContract  # noqa: E402
 from bls.errors import InvalidRequest  # noqa: E402
 from bls.relay import RelayConnections, RelayedRequest  # noqa: E402
+from bls.server_watch import exit_with_server  # noqa: E402
 from bls.triton_io import (  # noqa: E402
     PB_LOCK,
     Metrics,
@@ -67,6 +68,7 @@ _STOP_INPUT = ModelContract(inputs=(TENSORRT_LLM.input("stop"),), outputs=())
 
 class TritonPythonModel:
     def initialize(self, args: dict[str, Any]) -> None:
+        exit_with_server(args["model_name"])  # this stub ends when tritonserver does, however it ends
         config = json.loads(args["model_config"])
         params = model_parameters(config)
         self._name = args["model_name"]
