@@ -39,8 +39,14 @@ def _fake_checkpoint(path: Path) -> Path:
 
 
 def _fake_tokenizer(path: Path) -> Path:
+    """A three-token fast tokenizer: enough for every file a repository makes of one (the xgrammar tokenizer info
+    loads it), with an HF checkpoint's other files beside it."""
+    from tokenizers import Tokenizer, models
+
     path.mkdir()
-    (path / "tokenizer.json").write_text("{}")
+    Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(
+        '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "unk_token": "<unk>"}')
     (path / "generation_config.json").write_text("{}")
     (path / "model.safetensors").write_text("weights are not part of a tokenizer")
     return path
