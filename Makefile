@@ -60,7 +60,7 @@ ENABLE_CHUNKED_CONTEXT ?=
 BLS_INSTANCES ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
-# tensorrt_llm_bls's responses sent by the C++ relay (relay/relay.cc, compiled by `make repo`; decoupled only):
+# tensorrt_llm_bls's responses sent by the C++ relay (relay/, compiled by `make repo`; decoupled only):
 # auto (when g++ or $$CXX is here), on, off.
 RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \

@@ -305,7 +305,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")
         p.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
-                       help="tensorrt_llm_bls's responses sent by a C++ relay (relay/relay.cc, compiled here; decoupled "
+                       help="tensorrt_llm_bls's responses sent by a C++ relay (relay/, compiled here; decoupled "
                             "repositories only): auto (default) when a C++ compiler is here, on (fail without), off")
         p.set_defaults(func=func)
 

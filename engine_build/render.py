@@ -20,7 +20,7 @@ PLACEHOLDER = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # (which need the `tensorrt_llm_model_name` value).
 TENSORS_KEY = "tensors"
 ENSEMBLE_KEY = "ensemble_scheduling"
-# A relay (relay/relay.cc) forwards each input in the shape its backend sees, after its config's reshapes: its
+# A relay (relay/) forwards each input in the shape its backend sees, after its config's reshapes: its
 # config declares the tensors without them, and the Python model behind it applies its own.
 RELAY_BACKEND = 'backend: "llama3_relay"'
 

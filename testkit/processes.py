@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 
 STUB_NAME = "triton_python_backend_stub"
-# The relays' threads in tritonserver (relay/relay.cc, its thread_name): the BLS's, whose CPU is the relayed BLS's
+# The relays' threads in tritonserver (relay/, its thread_name): the BLS's, whose CPU is the relayed BLS's
 # sending, and the one in front of the benchmark engine (model_repository/tensorrt_llm/relay.config.pbtxt), the engine's.
 RELAY_THREAD = "llama3_relay"
 ENGINE_RELAY_THREAD = "engine_relay"
