@@ -43,6 +43,9 @@ PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "c
 BLS_MODEL_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
                         "tensorrt_llm_draft_model_name", "python_model_name")
 BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")
+# Where the container's tritonserver finds its backends (server build.py r26.07 installs python and tensorrtllm there;
+# tensorrtllm_postbuild puts trtllmExecutorWorker beside libtriton_tensorrtllm.so). Checked only where it exists.
+CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 
 
 @dataclass
@@ -134,6 +137,12 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
         return
     _check_tensors(model, report)
     _check_decoupled(model, manifest, report)
+    if model.backend in ("python", "tensorrtllm"):
+        if CONTAINER_BACKENDS.is_dir():
+            if not (CONTAINER_BACKENDS / model.backend).is_dir():
+                report.fail(name, f"backend {model.backend}: {CONTAINER_BACKENDS / model.backend} is missing here")
+        else:
+            report.cannot_check(name, f"backend {model.backend} (no {CONTAINER_BACKENDS} here: not the container)")
     if model.backend == "python":
         _check_python_model(model, models, report)
     elif model.backend == "tensorrtllm":
@@ -413,6 +422,13 @@ def _check_tensorrtllm_model(model: Model, manifest: dict, report: Report) -> No
                 report.fail(model.name, f"parameter {key}={value!r}: {problem}")
     _check_required_values(model, params, report)
     _check_engine_files(model, params, manifest, report)
+    if manifest.get("draft"):  # orchestrator mode: the executor spawns its ranks with this program
+        worker = params.get("executor_worker_path", "")
+        if not CONTAINER_BACKENDS.is_dir():
+            report.cannot_check(model.name, f"executor_worker_path {worker} (not the container)")
+        elif not Path(worker).is_file():
+            report.fail(model.name, f"executor_worker_path {worker} does not exist: orchestrator mode cannot spawn "
+                                    "the engine's ranks")
     _check_guided_decoding(model, params, report)
     groups = params.get("gpu_device_ids", "")
     if not is_unset("gpu_device_ids", groups) and not _value_problem(PARAMETER_READS["gpu_device_ids"], groups):
