@@ -66,3 +66,19 @@ def test_a_small_http_thread_queue_is_a_warning_naming_the_sysctl(monkeypatch):
     assert "queue only 278 responses" in warning and "sysctl -w net.core.wmem_default=4194304" in warning
     monkeypatch.setattr(tritonserver, "http_thread_queue_capacity", lambda: 5462)
     assert tritonserver.http_queue_warning() is None
+
+
+@pytest.mark.parametrize("manifest, ranks, orchestrator", [
+    ({"engine": "trtllm", "world_size": 4, "draft": None}, 4, False),  # 70B TP=4: leader mode, four ranks
+    ({"engine": "trtllm", "world_size": 2, "draft": "/a/draft-engine"}, 1, True),  # a draft: orchestrator, world 1
+    ({"engine": "embedded", "world_size": 1, "draft": None}, 1, False),
+])
+def test_an_existing_repository_serves_as_it_was_built(tmp_path, manifest, ranks, orchestrator):
+    """make serve-only passes no sizes: the launch follows the repository's repository.json."""
+    import json
+
+    (tmp_path / "repository.json").write_text(json.dumps(manifest))
+    command, env = tritonserver.launch(tmp_path, ServerPorts())
+    assert (command[0] == "mpirun") == (ranks > 1 or orchestrator)
+    assert (len(_ranks(command)) if command[0] == "mpirun" else 1) == ranks
+    assert all(env.get(key) == value for key, value in ORCHESTRATOR_ENVIRONMENT.items()) == orchestrator
