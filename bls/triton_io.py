@@ -12,6 +12,7 @@ import logging
 import threading
 import time
 import traceback
+from collections import deque
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
@@ -470,11 +471,15 @@ class InProcessModels:
     not use the iterator map: any thread may call infer().
     """
 
+    # How long a read response iterator is kept before this thread drops it (see _keep_until_cleaned_up).
+    ITERATOR_KEEP_S = 30.0
+
     def __init__(self, decoupled_engines: bool):
         """decoupled_engines: the engines stream (a decoupled repository); otherwise each answers once."""
         self._decoupled_engines = decoupled_engines
         self._streaming_thread: int | None = None
         self._stopped: set[str] = set()  # ids stopped when their stream was left early (see stop())
+        self._read_iterators: deque[tuple[float, Any]] = deque()  # (read at, iterator), oldest first
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors:
@@ -535,7 +540,23 @@ class InProcessModels:
                     log.warning("could not stop engine request %s: %s", request_id, error)
                 for _ in responses:
                     pass
+            self._keep_until_cleaned_up(responses)
             del responses, child
+
+    def _keep_until_cleaned_up(self, responses: Any) -> None:
+        """Keep a read response iterator for ITERATOR_KEEP_S, then drop it here, on the streaming thread.
+
+        The stub keeps its own reference to every iterator in a map, which its ServiceStubToParentRequests thread
+        erases after the last response (Stub::SendCleanupId, python_backend r24.10 to r26.07), without the GIL. If
+        that reference is the last one, the iterator dies on that thread, and with it every response it read and
+        their numpy arrays: Python frees without the GIL, which corrupts the allocator of the thread running Python
+        (256-client soak, in-process BLS: "malloc(): unaligned fastbin chunk detected", a core in pymalloc_alloc
+        with that thread just past the erase). Kept here until the erase has long happened, the last reference is
+        this thread's, which holds the GIL."""
+        now = time.monotonic()
+        self._read_iterators.append((now, responses))
+        while self._read_iterators and self._read_iterators[0][0] < now - self.ITERATOR_KEEP_S:
+            self._read_iterators.popleft()
 
     def stop(self, model_name: str, request_id: str) -> None:
         """Stop a child generation (a `stop` request for its id, the tensorrtllm backend's documented way), unless

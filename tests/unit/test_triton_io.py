@@ -420,3 +420,31 @@ def test_non_decoupled_engines_answer_once_with_a_plain_exec(triton_io, children
     assert list(models.stream("post", {"TOKENS_BATCH": np.array([[[1]]], np.int32)}, ["OUTPUT"], "r")) == [
         {"OUTPUT": np.array([b"x"], dtype=object)}]
     assert [decoupled for *_, decoupled in children.requests] == [False]
+
+
+def test_read_iterators_are_dropped_on_the_streaming_thread_only_after_the_keep_time(triton_io, children, monkeypatch):
+    """The stub's cleanup thread must never hold the last reference to a response iterator (it drops it without the
+    GIL): ours is kept ITERATOR_KEEP_S, then dropped by the thread that streams."""
+    import gc
+    import weakref
+
+    models = triton_io.InProcessModels(decoupled_engines=True)
+    iterators = []
+    real = children.request_class()
+
+    class Recording(real):
+        def exec(self, decoupled=False):
+            result = super().exec(decoupled)
+            if decoupled:
+                iterators.append(weakref.ref(result))
+            return result
+
+    monkeypatch.setattr(triton_io.pb_utils, "InferenceRequest", Recording)
+    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
+    gc.collect()
+    assert iterators[0]() is not None, "kept after it was read"
+    monkeypatch.setattr(models, "ITERATOR_KEEP_S", 0.0)
+    time.sleep(0.01)
+    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "b"))
+    gc.collect()
+    assert iterators[0]() is None, "dropped by the next stream once the keep time has passed"
