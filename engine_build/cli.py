@@ -23,7 +23,7 @@ from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
 
 # The tensorrt_llm parameters that hold absolute paths into the repository (where it is served).
-RELOCATED_PARAMETERS = ("gpt_model_path", "tokenizer_dir", "xgrammar_tokenizer_info_path")
+RELOCATED_PARAMETERS = ("gpt_model_path", "xgrammar_tokenizer_info_path")
 ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
 
 

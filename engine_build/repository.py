@@ -23,8 +23,7 @@ from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QU
 from bls.artifact import MANIFEST, file_checksums
 from engine_build.render import render_model_config
 from engine_build.trtllm_config import (
-    ENGINE_TOKENIZER_DIR, FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values,
-    guided_decoding_values,
+    FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
 )
 from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
 
@@ -397,8 +396,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
     if is_draft and settings.draft_max_kv_tokens:
         parameters["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
     if settings.guided_decoding == "xgrammar":
-        _copy_tokenizer(settings.tokenizer_dir, version_dir / ENGINE_TOKENIZER_DIR)
-        write_xgrammar_tokenizer_info(version_dir / ENGINE_TOKENIZER_DIR, version_dir / XGRAMMAR_TOKENIZER_INFO)
+        write_xgrammar_tokenizer_info(settings.tokenizer_dir, version_dir / XGRAMMAR_TOKENIZER_INFO)
     config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt",
                                  {**common, **engine_parameter_values(parameters)}, contract_name=TARGET_MODEL)
     (out / name / "config.pbtxt").write_text(config)

@@ -16,8 +16,6 @@ from engine_build.upstream_parameters import UPSTREAM_TEMPLATE_PARAMETERS, upstr
 GuidedDecoding = Literal["xgrammar", "none"]
 # Beside each engine, in its version folder: the file TensorRT-LLM's C++ backend reads when guided decoding is on.
 XGRAMMAR_TOKENIZER_INFO = "xgrammar_tokenizer_info.json"
-# The tokenizer the guided-decoding keys name (the C++ backend only logs tokenizer_dir; the info file is made from it).
-ENGINE_TOKENIZER_DIR = "tokenizer"
 # What every engine of this repository runs with, whatever the profile (upstream's template leaves them to the user).
 FIXED_PARAMETERS = {
     "max_beam_width": 1,  # the engines are built with --max_beam_width 1
@@ -52,14 +50,15 @@ def engine_parameter_values(set_values: Mapping[str, object]) -> dict[str, objec
 
 
 def guided_decoding_values(guided_decoding: GuidedDecoding, served_version_dir: Path) -> dict[str, str]:
-    """tokenizer_dir, xgrammar_tokenizer_info_path and guided_decoding_backend: set for xgrammar (absolute paths where
-    the repository is served: the C++ backend opens them as given), none of them for "none"."""
+    """xgrammar_tokenizer_info_path (absolute, where the repository is served: the C++ backend opens it as given) and
+    guided_decoding_backend for xgrammar; nothing for "none". tokenizer_dir stays unset either way, as
+    tensorrtllm_backend r26.07 docs/guided_decoding.md ("C++ Backend") fills the template: the C++ backend only logs
+    that it ignores it (getGuidedDecodingConfigFromParams)."""
     if guided_decoding == "none":
         return {}
     if guided_decoding != "xgrammar":
         raise EngineConfigError(f"guided decoding {guided_decoding!r}: TensorRT-LLM 1.2.1's backend knows only xgrammar")
     return {
-        "tokenizer_dir": str(served_version_dir / ENGINE_TOKENIZER_DIR),
         "xgrammar_tokenizer_info_path": str(served_version_dir / XGRAMMAR_TOKENIZER_INFO),
         "guided_decoding_backend": "xgrammar",
     }

@@ -91,7 +91,7 @@ def test_the_rendered_engines_carry_every_key_set_or_unset_as_upstream(dry_run_r
         version = dry_run_repo / model / "1"
         assert params["guided_decoding_backend"] == "xgrammar"
         assert params["xgrammar_tokenizer_info_path"] == str(version / "xgrammar_tokenizer_info.json")
-        assert params["tokenizer_dir"] == str(version / "tokenizer")
+        assert params["tokenizer_dir"] == "${tokenizer_dir}"  # as upstream's C++ guided-decoding recipe leaves it
         assert params["gpu_device_ids"] == "0,1"  # orchestrator mode: TP x PP = 2 ranks
         assert params["lora_prefetch_dir"] == "${lora_prefetch_dir}"
         assert params["encoder_model_path"] == "${encoder_engine_dir}"

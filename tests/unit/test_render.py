@@ -259,13 +259,12 @@ def test_relocate_points_the_cpp_backend_at_the_served_path(tmp_path):
     repo = tmp_path / "repo"
     (repo / "tensorrt_llm").mkdir(parents=True)
     built = "/build/machine/tensorrt_llm/1"
-    text = _trtllm_config(built, tokenizer_dir=f"{built}/tokenizer", guided_decoding_backend="xgrammar",
+    text = _trtllm_config(built, guided_decoding_backend="xgrammar",
                           xgrammar_tokenizer_info_path=f"{built}/xgrammar_tokenizer_info.json")
     (repo / "tensorrt_llm" / "config.pbtxt").write_text(text)
     cli.main(["relocate", "--repo", str(repo), "--serve-path", "/models/llama3"])
     config = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "moved")
     assert config.parameters["gpt_model_path"].string_value == "/models/llama3/tensorrt_llm/1"
-    assert config.parameters["tokenizer_dir"].string_value == "/models/llama3/tensorrt_llm/1/tokenizer"
     assert (config.parameters["xgrammar_tokenizer_info_path"].string_value
             == "/models/llama3/tensorrt_llm/1/xgrammar_tokenizer_info.json")
     assert config.parameters["lora_prefetch_dir"].string_value == "${lora_prefetch_dir}"  # unset stays unset
