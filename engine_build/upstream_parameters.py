@@ -19,6 +19,9 @@ of the triton-inference-server/TensorRT-LLM fork commit ca88df0 that tensorrtllm
   template, its 45 keys in order and the value it leaves in each (`${...}` for what a deployment sets).
 - triton-inference-server/python_backend src/python_be.cc @ 0ccc7643, ModelState::ModelState: the Python backend's
   reads (EXECUTION_ENV_PATH, FORCE_CPU_ONLY_INPUT_TENSORS, model_transaction_policy.decoupled).
+- triton-inference-server/tensorrtllm_backend r26.07 (3bc1153) docs/model_config.md (the guided-decoding keys) and
+  docs/guided_decoding.md ("C++ Backend": fill guided_decoding_backend and xgrammar_tokenizer_info_path, the file made
+  by examples/generate_xgrammar_tokenizer_info.py; tokenizer_dir is for the Python backend).
 """
 
 from __future__ import annotations
