@@ -69,6 +69,11 @@ constexpr auto kCancellationPeriod = std::chrono::milliseconds(100);
 constexpr auto kUnloadWait = std::chrono::seconds(30);  // for engine calls still running when the model unloads
 // Bytes queued for a connection that does not read them: past this it is closed (a Python reader never lags so far).
 constexpr size_t kMaxOutgoingBytes = size_t{1} << 30;
+// Reads of one connection per pass of the reader (64 KiB each): a peer that never stops writing cannot keep the
+// reader from the others.
+constexpr int kReadsPerPass = 64;
+// Python processes connect once each (one per instance of each relayed model): more is a peer opening connections.
+constexpr size_t kMaxConnections = 1024;
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message);
 // A failed call's message (the error released), or "" when it succeeded.
@@ -158,7 +163,9 @@ class Relay {
   void StartReader(const std::string& thread_name);
   void Read();
   void Accept();
-  std::string Drain(Connection* connection);  // "" while it is open and well-behaved, else why it is closed
+  // Reads and handles what the connection has, up to kReadsPerPass reads (`*all` false when more is waiting); ""
+  // while it is open and well-behaved, else why it is closed.
+  std::string Drain(Connection* connection, bool* all);
   std::string Handle(std::vector<char>& body, Connection* connection);
   void Close(Connection* connection, const std::string& why);
   void Queue(uint64_t connection, const std::vector<char>& frame);  // with mutex_ held

@@ -136,6 +136,12 @@ void Relay::Accept() {
       continue;
     }
     std::lock_guard<std::recursive_mutex> lock(mutex_);
+    if (connections_.size() >= kMaxConnections) {
+      Log(TRITONSERVER_LOG_ERROR, "refused a connection to " + socket_path_ + " from pid " + std::to_string(peer.pid) +
+                                      ": " + std::to_string(kMaxConnections) + " are open");
+      close(fd);
+      continue;
+    }
     connections_.push_back(std::make_unique<Connection>());
     connections_.back()->serial = next_connection_++;
     connections_.back()->fd = fd;
@@ -183,6 +189,7 @@ void Relay::Read() {
     count = connections_.size();
   }
   std::vector<std::pair<Connection*, std::string>> closing;
+  bool all_read = true;  // every connection read to its end: a completed child's final frame has been seen
   for (size_t i = 0; i < count; ++i) {
     Connection* connection;
     {
@@ -190,7 +197,9 @@ void Relay::Read() {
       connection = connections_[i].get();
     }
     const bool readable = i >= polled || fds[i + 2].revents != 0;
-    std::string why = readable || woken ? Drain(connection) : "";
+    bool all = true;
+    std::string why = readable || woken ? Drain(connection, &all) : "";
+    all_read = all_read && all;
     if (why.empty()) {
       std::lock_guard<std::recursive_mutex> lock(mutex_);
       why = connection->failed.empty() ? Flush(connection) : connection->failed;
@@ -198,15 +207,22 @@ void Relay::Read() {
     if (!why.empty()) closing.emplace_back(connection, why);
   }
   for (const auto& entry : closing) Close(entry.first, entry.second);
-  if (woken) EndOrphans(completed_by);
+  if (woken && all_read) {
+    EndOrphans(completed_by);
+  } else if (woken) {
+    (void)!write(wake_[1], "o", 1);  // orphans are looked for once a pass has read everything
+  }
 }
 
-// Reads what the connection has and handles its whole frames; "" while it stays open, else why it is closed ("-"
-// for a peer that closed it, the normal end).
-std::string Relay::Drain(Connection* connection) {
+// "-" is why for a peer that closed it, the normal end.
+std::string Relay::Drain(Connection* connection, bool* all) {
   char chunk[65536];
   std::vector<char> body;
-  while (true) {
+  for (int reads = 0;; ++reads) {
+    if (reads == kReadsPerPass) {
+      *all = false;
+      return "";
+    }
     const ssize_t got = read(connection->fd, chunk, sizeof(chunk));
     if (got == 0) {  // the Python process closed it (unloaded or died: Triton fails its children)
       return connection->incoming.Empty() ? "-" : "it closed the connection in the middle of a frame";
