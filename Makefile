@@ -132,8 +132,16 @@ check-repo:
 # need the embedded engine or start their own server skip themselves, naming why (tests/integration/conftest.py).
 # In the container the test clients run in their own venv ($(TEST_VENV)): tritonclient pins protobuf<5, which must
 # not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
+# Without SERVER_URL the tests that go through tensorrt_llm_bls run a second time against the BLS's other transport,
+# in-process (bls/transports.py: what RELAY=off, a host without a C++ compiler and DECOUPLED=false build).
+IN_PROCESS_REPO ?= build/model_repository_in_process
+BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py
 test: $(if $(SERVER_URL),$(TEST_SETUP),repo)
 	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
+ifeq ($(SERVER_URL),)
+	$(MAKE) --no-print-directory repo RELAY=off REPO=$(IN_PROCESS_REPO)
+	$(TEST_PY) -m pytest -q $(BLS_TESTS) --repo $(IN_PROCESS_REPO)
+endif
 
 # The container's test clients: a venv over the system site-packages (torch, transformers) with this package and
 # its test extra, which shadow the system's only inside it.
