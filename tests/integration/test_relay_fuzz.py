@@ -28,7 +28,7 @@ from bls.relay import (
     relay_frames, response_frame, stream_token,
 )
 from engine_build.repository import can_compile_relay
-from testkit.http import HttpSession, generate, generate_stream
+from testkit.http import HttpError, HttpSession, generate, generate_stream
 from tests.integration.conftest import built_repository_server
 from tests.integration.test_bls import BLS, streamed_text
 from tests.integration.test_engine import OUTPUTS, engine_inputs
@@ -211,6 +211,19 @@ def test_an_engine_call_to_a_configured_engine_is_served(socket_path):
         assert kinds.count(ENGINE_RESPONSE) + kinds.count(ENGINE_FINAL) >= 4
 
 
+def test_a_client_cannot_make_the_python_bls_claim_a_stream(server, socket_path, legit):
+    """A client may call tensorrt_llm_bls_python directly, with any request parameters (Triton's generate endpoint
+    makes parameters of the fields that are not inputs): relay parameters the relay did not write are refused there
+    (the token is checked against the relay's key), never presented to the relay on the process's connection, which
+    would close it and end every stream of that process."""
+    forged = {"text_input": "hijack", "max_tokens": 4, "llama3_relay_socket": socket_path,
+              "llama3_relay_stream": LEGIT_STREAM, "llama3_relay_token": "00" * 16}
+    assert legit.running()
+    with pytest.raises(HttpError) as error:
+        generate(server.http_url, "tensorrt_llm_bls_python", forged)
+    assert BLS in error.value.message and "Traceback" not in error.value.message
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="switching to another user needs root")
 def test_a_peer_of_another_user_is_refused_even_if_the_directory_were_open(socket_path, server):
     """The directory keeps other users out; were its mode ever lost, the relay's peer check still refuses them."""
@@ -252,7 +265,9 @@ def test_the_server_kept_serving_and_the_legitimate_stream_was_untouched(server,
     assert events[-1]["num_output_tokens"] == 8
     assert server.is_alive()
     log = Path(server.log_path).read_text(errors="replace")
-    assert len(re.findall(r"closed the connection from pid \d+", log)) >= len(HOSTILE) + 1
+    closed = re.findall(r"closed the connection from pid (\d+)", log)
+    assert len(closed) >= len(HOSTILE) + 1
+    assert set(closed) == {str(os.getpid())}, "the relay closed a connection of the server's own processes"
     for case, (_, _, why) in HOSTILE.items():
         assert why is None or f"closed the connection from pid {os.getpid()}: {why}" in log, case
     assert "a claim of stream 1, which another connection claimed" in log  # the valid token's case
