@@ -11,6 +11,7 @@ server's first request to tensorrt_llm_bls, so its stream number is 1.
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -18,6 +19,7 @@ import socket
 import stat
 import struct
 import threading
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -177,6 +179,13 @@ def test_the_socket_is_in_a_directory_only_the_servers_user_may_enter(socket_pat
     assert status.st_uid == os.geteuid()  # the server runs as this user
     assert stat.S_ISSOCK(Path(socket_path).lstat().st_mode)
     assert stat.S_IMODE((directory / "key").lstat().st_mode) == 0o600
+
+
+def test_engine_calls_may_name_only_the_configured_engine(server):
+    """make repo renders the repository's engines into the relay's config: here the target alone (no draft)."""
+    with urllib.request.urlopen(f"http://{server.http_url}/v2/models/{BLS}/config", timeout=10) as response:
+        parameters = json.loads(response.read())["parameters"]
+    assert parameters["engine_models"]["string_value"] == "tensorrt_llm"
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
