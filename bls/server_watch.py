@@ -1,52 +1,57 @@
 """Every Python model's stub ends when its tritonserver does, however the server ended (SIGTERM past
 --exit-timeout-secs, SIGKILL, a crash).
 
-Triton launches each model's stub as its own child (the relay's Python processes are those stubs too); nothing
-ends a stub when tritonserver dies without unloading the model. The stub's own check (python_backend's
-pb_stub.cc: kill(parent_pid, 0) every 300 ms) does not see a parent that is dead but not yet reaped by its own
-parent (a zombie still has its pid), and when it does see one it finalizes Python, which waits for every
-non-daemon thread (the BLS's workers, the engine's scheduler) and runs destructors that write to the shared memory
-of a server that is gone: the stub then hangs, or crashes (the known one: MetricFamily's destructor when finalize
-did not run, bls.triton_io.Metrics.close). A stub that outlives its server also keeps its model's memory and
-its threads' CPU.
+Triton launches each model's stub as its own child (the relay's Python processes are those stubs too), and nothing
+ends a stub when tritonserver dies without unloading its model. The stub's own check (python_backend's pb_stub.cc,
+every 300 ms: kill(parent_pid, 0)) takes a dead parent that its own parent has not reaped yet (a zombie) for alive;
+when it does see the parent gone it destroys the model under a dead server (Python destructors that write to the
+server's shared memory: MetricFamily's crashes, bls.triton_io.Metrics.close). And a thread of the stub cannot do
+better: a stub whose server died while it answered a request waits for the server forever holding the GIL
+(pb_stub.cc ProcessRequests -> SendIPCMessage retries its push to the parent's queue without end), so no Python
+thread of it runs again.
 
-The watch: a daemon thread that asks the kernel for the stub's parent every POLL_S. A process whose parent dies is
-re-parented at once (to init, or the nearest subreaper), zombie or not, so the parent pid changes; the stub then
-leaves with os._exit: no Python finalization, no destructor touching the dead server's shared memory, no thread
-waited for.
+So the watch is a process of its own: a small Python (stdlib only, no site) started by the stub, polling the stub's
+parent in /proc every POLL_S. A process whose parent dies is re-parented at once (to init or the nearest subreaper),
+zombie parent or not; when the stub's parent is no longer the server, the watcher says so in the server's log (the
+stderr both share) and SIGKILLs the stub: nothing of it runs any more, no finalizer, no destructor. The watcher
+leaves when the stub is gone (a normal unload included). It holds no descriptor of the stub's but the standard ones.
 """
 
 from __future__ import annotations
 
 import os
-import threading
-import time
+import subprocess
+import sys
 
 POLL_S = 0.5
-# The exit status of a stub that left because its server was gone (os._exit: nothing else runs).
-EXIT_STATUS = 3
 
-_started = False
-_lock = threading.Lock()
-
-
-def exit_with_server(model_name: str) -> None:
-    """From the model's initialize(): start the watch over this process's parent, tritonserver (once per process)."""
-    global _started
-    with _lock:
-        if _started:
-            return
-        _started = True
-    server_pid = os.getppid()
-    threading.Thread(target=_watch, args=(server_pid, model_name), name="server-watch", daemon=True).start()
-
-
-def _watch(server_pid: int, model_name: str, poll_s: float = POLL_S) -> None:
-    while os.getppid() == server_pid:
-        time.sleep(poll_s)
-    try:  # the log is the server's stdout/stderr, which this process shares and may outlive
-        os.write(2, f"{model_name}: tritonserver (pid {server_pid}) is gone; this model's stub process "
-                    f"(pid {os.getpid()}) exits\n".encode())
+# The watcher: argv stub_pid server_pid model_name poll_s. A stub is known by its pid and start time (field 22 of
+# /proc/pid/stat), so a pid reused after the stub ended is never taken for it.
+_WATCHER = r"""
+import os, signal, sys, time
+stub, server, name, poll_s = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
+def parent_and_start(pid):
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()
     except OSError:
-        pass
-    os._exit(EXIT_STATUS)
+        return None, None
+    return int(fields[1]), fields[19]
+parent, started = parent_and_start(stub)
+while parent == server:
+    time.sleep(poll_s)
+    parent, start = parent_and_start(stub)
+    if start != started:
+        sys.exit(0)
+if parent is not None:
+    os.write(2, f"{name}: tritonserver (pid {server}) is gone; its stub process (pid {stub}) is killed\n".encode())
+    os.kill(stub, signal.SIGKILL)
+"""
+
+
+def exit_with_server(model_name: str, poll_s: float = POLL_S) -> subprocess.Popen:
+    """From the model's initialize(): start the watcher of this process (the stub) and its parent, tritonserver."""
+    # sys.executable: in a stub, the first python3 on PATH (the stub takes its prefix from it: serving.tritonserver).
+    return subprocess.Popen(
+        [sys.executable, "-I", "-S", "-c", _WATCHER, str(os.getpid()), str(os.getppid()), model_name, str(poll_s)],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, close_fds=True)

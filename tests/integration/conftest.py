@@ -103,6 +103,7 @@ STARTS_ITS_OWN_SERVER = {
     "test_stream_interval.py": "starts a server on a STREAM_INTERVAL=4 repository it builds from build/assets",
     "test_engine_relay.py": "starts a server on the benchmark's relayed synthetic engine",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
+    "test_server_exit.py": "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
 }
 NEEDS_EMBEDDED_ENGINE = {
     "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
@@ -112,6 +113,10 @@ NEEDS_EMBEDDED_ENGINE = {
     "test_stop_words_list_stops_after_the_word": "compares with transformers on the embedded engine's checkpoint",
     "test_draft_tokens_are_verified": "compares with transformers on the embedded engine's checkpoint",
     "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
+    "test_the_ensemble_refuses_non_finite_sampling_floats_by_name": "the ensemble passes them to tensorrt_llm as they "
+                                                                   "come: the embedded engine's checks answer",
+    "test_the_ensemble_refuses_a_deeply_nested_schema_by_name": "the ensemble passes the guide to tensorrt_llm as it "
+                                                                "comes: the embedded engine's check answers",
 }
 
 
@@ -141,3 +146,68 @@ def pytest_collection_modifyitems(config, items):
         elif item.originalname in NEEDS_EMBEDDED_ENGINE and backend != "python":
             item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm is backend {backend}, not the embedded engine: "
                                                     f"{item.originalname} {NEEDS_EMBEDDED_ENGINE[item.originalname]}"))
+
+
+# ---- No crash the suite did not cause on purpose ---------------------------------------------------------------------
+# What a tritonserver log shows when one of its processes crashed: tritonserver's handler for SIGSEGV / SIGABRT
+# (server src/triton_signal.cc: "Signal (11) received.", a stack trace, then the core dump), what a stub prints on its
+# way down (its stderr is the log: glibc's heap checks, C++'s terminate, Python's fatal errors), a shell's report, and
+# Triton's word for a stub that has died ("Stub process '<instance>' is not healthy.").
+CRASH_SIGNS = (
+    "Signal (11) received", "Signal (6) received", "Segmentation fault", "core dumped", "Fatal Python error",
+    "double free or corruption", "corrupted size vs", "corrupted double-linked list", "malloc(): ", "free(): invalid",
+    "munmap_chunk(): invalid pointer", "terminate called", "is not healthy",
+)
+# Tests that kill or crash a process on purpose (by test id), and the signs that leaves in their server's log.
+CRASHES_ON_PURPOSE = {
+    "test_killed_engine_stub": ("is not healthy",),
+    "test_killed_bls_stub_behind_the_relay_ends_its_streams": ("is not healthy",),
+    "test_every_stub_exits_when_tritonserver_ends[SIGSEGV]": ("Signal (11) received",),
+    # SIGTERM with streams longer than --exit-timeout-secs: tritonserver then exits with them in flight, and Triton
+    # 2.51 often dies of SIGSEGV on the way: its exit handlers run while a model thread still sends a response
+    # through the ensemble to the HTTP frontend's allocator (core dump: postprocessing's InferResponse::Send ->
+    # EnsembleContext::Proceed -> Output::AllocateDataBuffer -> a freed address; docs/operations.md).
+    "test_every_stub_exits_when_tritonserver_ends[SIGTERM]": ("Signal (11) received",),
+}
+
+
+class ServerLogs:
+    """Every log the tests' servers write (under pytest's base temp: TritonServer(log_path=tmp_path...)), read on from
+    where the previous look stopped."""
+
+    def __init__(self, root: Path):
+        self._root = root
+        self._read_to: dict[Path, int] = {}
+
+    def crash_lines(self) -> list[str]:
+        """The complete lines written since the last call that show a crash, each with its log's path."""
+        found = []
+        for log in sorted(self._root.rglob("*.log")):
+            start = self._read_to.get(log, 0)
+            with open(log, "rb") as file:
+                file.seek(start)
+                text = file.read()
+            complete = text[: text.rfind(b"\n") + 1]
+            self._read_to[log] = start + len(complete)
+            found += [f"{log}: {line}" for line in complete.decode(errors="replace").splitlines()
+                      if any(sign in line for sign in CRASH_SIGNS)]
+        return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server_logs(tmp_path_factory) -> Iterator[ServerLogs]:
+    """Set up before any server fixture, so checked after the last has stopped: what the servers logged at their
+    shutdown, after the last test's own check."""
+    logs = ServerLogs(tmp_path_factory.getbasetemp())
+    yield logs
+    unexpected = logs.crash_lines()
+    assert not unexpected, "a server crashed at or after the end of the tests:\n" + "\n".join(unexpected)
+
+
+@pytest.fixture(autouse=True)
+def no_unexpected_crash(request, server_logs: ServerLogs) -> Iterator[None]:
+    """After each test: no server logged a crash it did not cause on purpose (CRASHES_ON_PURPOSE)."""
+    yield
+    expected = CRASHES_ON_PURPOSE.get(request.node.name, ())
+    unexpected = [line for line in server_logs.crash_lines() if not any(sign in line for sign in expected)]
+    assert not unexpected, f"a server crashed during {request.node.name}:\n" + "\n".join(unexpected)

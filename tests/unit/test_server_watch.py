@@ -1,6 +1,7 @@
-"""bls.server_watch without Triton: a process started the way Triton starts a stub (a child of the "server") leaves
-within a second of its parent's SIGKILL, while the parent is still an unreaped zombie, without running Python's
-exit handlers, and although a non-daemon thread of its own is still running."""
+"""bls.server_watch without Triton: a process started the way Triton starts a stub (a child of the "server") is ended
+within a second of its parent's SIGKILL, while the parent is still an unreaped zombie and although the stub holds the
+GIL (as a stub waiting for a dead server does), without running any of its exit handlers; a stub that ends by itself
+takes its watcher with it."""
 
 from __future__ import annotations
 
@@ -13,20 +14,17 @@ from pathlib import Path
 
 import psutil
 
-from bls.server_watch import POLL_S
-
 ROOT = Path(__file__).resolve().parents[2]
 
-# The "stub": starts the watch, registers an exit handler that must not run, and keeps a non-daemon thread busy (as
-# the BLS's workers and the engine's scheduler are), which a normal interpreter exit would wait for.
+# The "stub": starts the watch, registers an exit handler that must not run, and blocks in a C call that keeps the GIL
+# (ctypes.PyDLL does not release it), as pb_stub.cc's SendIPCMessage does once its server is gone.
 STUB = """
-import atexit, sys, threading, time
+import atexit, ctypes, sys
 from bls.server_watch import exit_with_server
-exit_with_server("model_x")
+exit_with_server("model_x", poll_s=0.1)
 atexit.register(lambda: open(sys.argv[1], "w").write("finalized"))
-threading.Thread(target=lambda: time.sleep(3600)).start()
 print("watching", flush=True)
-time.sleep(3600)
+ctypes.PyDLL(None).sleep(3600)
 """
 # The "server": starts the stub, says its pid, and waits to be killed.
 SERVER = """
@@ -44,17 +42,18 @@ def test_the_stub_exits_when_its_server_is_killed(tmp_path):
                               stderr=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
         stub = psutil.Process(int(server.stdout.readline()))
-        time.sleep(3 * POLL_S)
+        time.sleep(0.5)
         assert stub.is_running() and stub.status() != psutil.STATUS_ZOMBIE  # the watch leaves a live server alone
         os.kill(server.pid, signal.SIGKILL)  # not reaped until the end: the server stays a zombie meanwhile
-        deadline = time.monotonic() + 4 * POLL_S + 1
+        deadline = time.monotonic() + 1.5
         while _alive(stub):
             assert time.monotonic() < deadline, "the stub outlived its server"
             time.sleep(0.05)
         assert psutil.Process(server.pid).status() == psutil.STATUS_ZOMBIE
-        assert not marker.exists()  # os._exit: no Python exit handler, no finalizer ran
+        assert not marker.exists()  # SIGKILL: no Python exit handler, no finalizer ran
         # The stub shares the server's stderr (Triton's log): it says why it left.
-        assert f"model_x: tritonserver (pid {server.pid}) is gone" in server.stderr.read()
+        assert (f"model_x: tritonserver (pid {server.pid}) is gone; its stub process (pid {stub.pid}) is killed"
+                in server.stderr.read())
     finally:
         server.kill()
         server.wait()
@@ -66,3 +65,16 @@ def _alive(process: psutil.Process) -> bool:
         return process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def test_the_watcher_leaves_with_its_stub():
+    """A stub that ends by itself (an unload) leaves no watcher behind."""
+    stub = subprocess.Popen([sys.executable, "-c", "from bls.server_watch import exit_with_server; "
+                             "print(exit_with_server('m', poll_s=0.1).pid)"],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    watcher = psutil.Process(int(stub.stdout.readline()))
+    stub.wait()
+    deadline = time.monotonic() + 1.5
+    while _alive(watcher):
+        assert time.monotonic() < deadline, "the watcher outlived its stub"
+        time.sleep(0.05)
