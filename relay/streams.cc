@@ -323,7 +323,6 @@ void Relay::SendFrame(Stream* stream, const Frame& frame, const std::vector<char
   if (send_flags != 0) End(stream);
 }
 
-
 // A frame of kinds 0-3 from `connection`; "" when it may send it, else why the connection is closed.
 std::string Relay::HandleStreamFrame(const Frame& frame, const std::vector<char>& body, Connection* connection) {
   std::vector<Finished> to_release;
