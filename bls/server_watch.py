@@ -26,9 +26,13 @@ import sys
 POLL_S = 0.5
 
 # The watcher: argv stub_pid server_pid model_name poll_s. A stub is known by its pid and start time (field 22 of
-# /proc/pid/stat), so a pid reused after the stub ended is never taken for it.
+# /proc/pid/stat), so a pid reused after the stub ended is never taken for it. It is in the server's process group,
+# whose SIGINT (Ctrl-C of make serve), SIGTERM (serving.tritonserver's stop) and SIGHUP it ignores: the server may
+# outlive them by --exit-timeout-secs and then exit without unloading, and the watcher must still be there.
 _WATCHER = r"""
 import os, signal, sys, time
+for number in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    signal.signal(number, signal.SIG_IGN)
 stub, server, name, poll_s = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
 def parent_and_start(pid):
     try:
