@@ -75,3 +75,30 @@ def test_invalid_inputs(bundle, tokens, lengths, field, problem):
     with pytest.raises(InvalidRequest) as caught:
         Postprocessor(bundle)({"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths})
     assert caught.value.field == field and problem in caught.value.problem
+
+
+def test_a_batch_of_requests_each_decoded_alone(bundle):
+    """decode_each (the ensemble's batched requests): each request's text is what decoding it alone gives, a lone
+    piece of a split character included (U+FFFD, as upstream), and a bad request fails alone."""
+    emoji = bundle.encode_text("😀", add_special_tokens=False)
+    words = bundle.encode_text(" ça va", add_special_tokens=False)
+    post = Postprocessor(bundle)
+    batch = [tokens_batch([[token]]) for token in emoji + words + emoji] + [tokens_batch([words])]
+    batch.insert(2, (np.array([[[5, 128256]]], np.int32), np.array([[2]], np.int32)))
+    results = post.decode_each([{"TOKENS_BATCH": tokens, "SEQUENCE_LENGTH": lengths} for tokens, lengths in batch])
+    assert isinstance(results[2], InvalidRequest) and results[2].field == "TOKENS_BATCH"
+    texts = [result["OUTPUT"].tolist() for i, result in enumerate(results) if i != 2]
+    singles = emoji + words + emoji
+    assert texts[:-1] == [[bundle.decode([token], True).encode("utf-8")] for token in singles]
+    assert texts[0] == ["\ufffd".encode("utf-8")]  # one piece of the emoji alone
+    assert texts[-1] == [" ça va".encode("utf-8")]
+    assert texts[: len(emoji)] == texts[len(emoji) + len(words): -1]  # the remembered texts are the same
+
+
+def test_a_batch_whose_every_request_is_bad(bundle):
+    results = Postprocessor(bundle).decode_each([
+        {"TOKENS_BATCH": np.array([[[-1]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)},
+        {"TOKENS_BATCH": np.zeros((1, 1, 2), np.int32)},
+    ])
+    assert [(r.field, r.problem) for r in results] == [("TOKENS_BATCH", "token id -1 is outside the vocabulary "
+                                                        f"[0, {bundle.vocab_size})"), ("SEQUENCE_LENGTH", "is required")]

@@ -1,4 +1,8 @@
-"""postprocessing: thin Triton adapter over bls.text.postprocessing.Postprocessor."""
+"""postprocessing: thin Triton adapter over bls.text.postprocessing.Postprocessor.
+
+In the ensemble it runs once per engine response (a streamed token) per stream; the dynamic batcher hands an
+instance every stream's waiting requests, which are decoded together (Postprocessor.decode_each).
+"""
 
 import json
 import sys
@@ -14,7 +18,9 @@ from bls.contract import POSTPROCESSING  # noqa: E402
 from bls.text.postprocessing import Postprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io import check_shipped_files, model_parameters, parse_bool, respond_to_each  # noqa: E402
+from bls.triton_io import (  # noqa: E402
+    check_shipped_files, error_response, make_response, model_parameters, parse_bool, read_inputs,
+)
 
 MODEL = "postprocessing"
 
@@ -30,4 +36,20 @@ class TritonPythonModel:
         )
 
     def execute(self, requests):
-        return respond_to_each(requests, POSTPROCESSING, self.postprocess, MODEL)
+        """One response per request, in order; a bad request fails alone, not its batch."""
+        results = [None] * len(requests)
+        readable, inputs = [], []
+        for index, request in enumerate(requests):
+            try:
+                inputs.append(read_inputs(request, POSTPROCESSING))
+                readable.append(index)
+            except Exception as error:  # noqa: BLE001 - becomes this request's error response
+                results[index] = error
+        try:
+            decoded = self.postprocess.decode_each(inputs)
+        except Exception as error:  # noqa: BLE001 - unexpected: every request of the batch gets it
+            decoded = [error] * len(inputs)
+        for index, result in zip(readable, decoded):
+            results[index] = result
+        return [error_response(result, MODEL) if isinstance(result, Exception) else make_response(result)
+                for result in results]
