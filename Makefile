@@ -58,6 +58,10 @@ BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
 # tensorrt_llm_bls instances; default: one per 4 cores of the host that runs `make repo`, 1 to 8.
 BLS_INSTANCES ?=
+# preprocessing / postprocessing instances (the ensemble's Python steps; postprocessing runs once per streamed
+# token); default: one per 4 cores of the host that runs `make repo`, 1 to 8.
+PREPROCESSING_INSTANCES ?=
+POSTPROCESSING_INSTANCES ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
 # tensorrt_llm_bls's responses sent by the C++ relay (relay/, compiled by `make repo`; decoupled only):
@@ -65,6 +69,8 @@ STREAM_INTERVAL ?= 1
 RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
+    $(if $(PREPROCESSING_INSTANCES),--preprocessing-instances $(PREPROCESSING_INSTANCES)) \
+    $(if $(POSTPROCESSING_INSTANCES),--postprocessing-instances $(POSTPROCESSING_INSTANCES)) \
     --stream-interval $(STREAM_INTERVAL) --relay $(RELAY) --guided-decoding $(GUIDED_DECODING) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \

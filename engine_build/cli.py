@@ -107,6 +107,21 @@ def bls_settings(args) -> dict:
     return {**settings, "bls_instance_count": args.bls_instances}
 
 
+def text_instance_settings(args) -> dict:
+    """preprocessing's and postprocessing's instance counts from the command line, where given (else
+    RepositorySettings' host-sized defaults)."""
+    settings = {}
+    for option, key in (("preprocessing_instances", "preprocessing_instance_count"),
+                        ("postprocessing_instances", "postprocessing_instance_count")):
+        count = getattr(args, option)
+        if count is None:
+            continue
+        if count < 1:
+            raise SystemExit(f"--{option.replace('_', '-')} must be at least 1 (got {count})")
+        settings[key] = count
+    return settings
+
+
 def cmd_assemble(args) -> None:
     profile = _profile(args)
     settings = RepositorySettings(
@@ -115,7 +130,7 @@ def cmd_assemble(args) -> None:
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         exclude_input_in_output=args.exclude_input_in_output, world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len, guided_decoding=args.guided_decoding,
-        **bls_settings(args),
+        **bls_settings(args), **text_instance_settings(args),
     )
     out = assemble_repository(args.repo, settings)
     _stage(f"model repository ready: {out}")
@@ -301,6 +316,11 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--seed", type=int, default=0)
         p.add_argument("--bls-instances", type=int,
                        help="tensorrt_llm_bls instances (default: one per 4 cores of this host, 1 to 8)")
+        p.add_argument("--preprocessing-instances", type=int,
+                       help="preprocessing instances (default: one per 4 cores of this host, 1 to 8)")
+        p.add_argument("--postprocessing-instances", type=int,
+                       help="postprocessing instances: the ensemble's per-token step (default: one per 4 cores of this "
+                            "host, 1 to 8)")
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")

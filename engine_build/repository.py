@@ -15,7 +15,7 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -64,6 +64,24 @@ def default_bls_instance_count(relayed: bool, cpus: int | None = None) -> int:
     return max(4, min(32, cpus))
 
 
+def default_preprocessing_instance_count(cpus: int | None = None) -> int:
+    """preprocessing runs once per request (tokenizing the prompt and the word lists): its instances bound how many
+    prompts of a burst of arrivals are tokenized at once. One per 4 cores of the building host, 1 to 8."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    return max(1, min(8, cpus // 4))
+
+
+def default_postprocessing_instance_count(cpus: int | None = None) -> int:
+    """postprocessing runs once per engine response (every streamed token of every stream, in the ensemble); an
+    instance serves one batch at a time (tritonserver's thread for it prepares the batch, waits for the Python
+    process, then passes each response on through the ensemble), so one instance caps the ensemble's tokens per
+    second whatever the cores, and many instances each get small batches, whose fixed cost per batch then comes
+    back per token. One per 4 cores of the building host, 1 to 8 (16 cores: 4 streamed more than 8 or 2,
+    docs/benchmarks.md)."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    return max(1, min(8, cpus // 4))
+
+
 @dataclass(frozen=True)
 class RepositorySettings:
     engine: EngineKind
@@ -78,8 +96,10 @@ class RepositorySettings:
     # Requests waiting in Triton's queue of preprocessing and the engine; one more is refused at
     # once with UNAVAILABLE (HTTP 503) instead of queueing without bound.
     max_queue_size: int = 256
-    preprocessing_instance_count: int = 1
-    postprocessing_instance_count: int = 1
+    preprocessing_instance_count: int = field(default_factory=lambda: default_preprocessing_instance_count())
+    postprocessing_instance_count: int = field(default_factory=lambda: default_postprocessing_instance_count())
+    # How long a streamed token may wait in postprocessing's queue for others to batch with (its config says why).
+    postprocessing_max_queue_delay_microseconds: int = 1000
     bls_instance_count: int | None = None  # None: default_bls_instance_count for the repository's transport
     # Relayed: requests one instance serves at once, and how many more may wait (one more is refused at once with
     # UNAVAILABLE). In-process: requests waiting in Triton's queue of the BLS (each instance serves one at a time).
@@ -165,7 +185,8 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "max_input_len": settings.max_input_len,
     })
     _write_model(out, "postprocessing", tokenizer=settings.tokenizer_dir, values={
-        **common,
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "postprocessing_max_queue_delay_microseconds": settings.postprocessing_max_queue_delay_microseconds,
         "postprocessing_instance_count": settings.postprocessing_instance_count,
         "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,

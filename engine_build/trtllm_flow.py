@@ -17,7 +17,7 @@ from engine_build.gpu_plan import (
     check_fp8_kv_cache, gpu_compute_capability, gpu_memory_bytes, profile_with, visible_gpu_count,
 )
 from engine_build.check_repo import check_repository
-from engine_build.cli import bls_settings
+from engine_build.cli import bls_settings, text_instance_settings
 from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.trtllm import trtllm_build_command
 
@@ -113,7 +113,7 @@ class GpuPlan:
             draft_kv_cache_fraction=DRAFT_KV_FRACTION,
             draft_max_kv_tokens=self.capacity.kv_cache_tokens if self.draft_hf else None,
             engines_built=not args.dry_run, serve_path=args.serve_path, guided_decoding=args.guided_decoding,
-            **bls_settings(args),
+            **bls_settings(args), **text_instance_settings(args),
             plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
                   "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict(),
                   "quantization": {"model_gib": round(self.quantization.model_bytes / GiB, 1),

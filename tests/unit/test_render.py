@@ -197,7 +197,7 @@ def test_rendering_works_where_tritonclient_cannot_be_imported(monkeypatch, caps
     monkeypatch.setattr(builtins, "__import__", no_tritonclient)
     monkeypatch.setattr(render, "_warned", [])
     text = render_model_config(TEMPLATES / "postprocessing" / "config.pbtxt", {
-        "triton_max_batch_size": 8, "max_queue_delay_microseconds": 0,
+        "triton_max_batch_size": 8, "postprocessing_max_queue_delay_microseconds": 0,
         "postprocessing_instance_count": 1, "tokenizer_dir": "tok", "skip_special_tokens": True,
     }, contract_name="postprocessing")
     assert 'name: "postprocessing"' in text and "${" not in text
