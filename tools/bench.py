@@ -114,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: the engine's least step time in the throughput runs (default 0: as "
                              "fast as the CPU lets it, running ahead of its own sending; any value > 0 also makes the "
                              "stand-in wait for its sending, as a GPU engine whose C++ backend keeps up does)")
-    parser.add_argument("--paced-streams", type=_concurrencies, default=(64,),
+    parser.add_argument("--paced-streams", type=_concurrencies, default=(16, 64, 256),
                         help="section streaming: concurrencies of the runs with the engine paced like a GPU, comma-"
-                             "separated (default 64; a many-core host carries 256: 6,400 tok/s at 40 ms a step)")
+                             "separated (default 16,64,256: 256 streams are 6,400 tok/s at 40 ms a step, more than a "
+                             "2-core host carries through the ensemble)")
     args = parser.parse_args(argv)
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")

@@ -83,7 +83,7 @@ class BenchContext:
     engine_instances: int = 1  # instances of the synthetic engine in section "streaming"'s throughput runs
     bls_instances: int | None = None  # None: the repository's default
     engine_step_ms: float = 0.0  # section "streaming", throughput runs: the synthetic engine's least step time
-    paced_streams: tuple[int, ...] = (64,)  # section "streaming": concurrencies of the runs paced like a GPU
+    paced_streams: tuple[int, ...] = (16, 64, 256)  # section "streaming": concurrencies of the runs paced like a GPU
     _server: TritonServer | None = None
 
     @property

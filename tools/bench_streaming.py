@@ -16,7 +16,12 @@ engine alone's first token p50 is printed beside the BLS's). Time to first token
 steady traffic: the engine paced like a GPU, one token per stream every PACED_STEP_MS (a decoding step), at a
 rate the engine hop carries here, and the clients' starts spread over one stream's duration. Paced, the BLS keeps
 up and sends one response per token: its CPU per token there is what a GPU deployment's BLS pays. The paced runs
-are at PACED_CONCURRENCY streams unless `--paced-streams` names others (a many-core host carries 256).
+are at 16, 64 and 256 streams unless `--paced-streams` names others; the first-token targets are at
+PACED_CONCURRENCY streams.
+
+The ensemble (Triton's preprocessing -> tensorrt_llm -> postprocessing) is measured beside the BLS in every run:
+its tok/s against the BLS's, its first token, and its CPU per token by process (its two Python steps,
+tritonserver, the engine), unpaced and paced.
 
 Then the same at 64 and 256 streams with the BLS built with a stream interval of 4 (`make repo STREAM_INTERVAL=4`):
 what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that
@@ -56,6 +61,12 @@ INTERVAL_CONCURRENCY = (64, 256)
 RATIO_TARGET = {16: Target(">=", 0.6), 64: Target(">=", 0.6)}
 TTFT_TARGET = Target("<=", 100)  # at PACED_CONCURRENCY, engine paced
 BLS_CPU_TARGET = Target("<=", 60)
+# Issue 34's targets for the ensemble (set for a 16-core host): >= 0.6x the BLS's tok/s at 64 and 256 streams,
+# first token p50 <= 150 ms at 64 streams paced like a GPU.
+ENSEMBLE_RATIO_TARGET = {64: Target(">=", 0.6), 256: Target(">=", 0.6)}
+ENSEMBLE_TTFT_TARGET = Target("<=", 150)
+# The ensemble's processes, by the prefix of their names in testkit.processes.cpu_seconds.
+ENSEMBLE_STEPS = (("preprocessing", "preprocessing_"), ("postprocessing", "postprocessing_"))
 
 
 def _bodies(ctx_server_url: str) -> dict[str, dict]:
@@ -104,6 +115,19 @@ def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1
 
 def _first_token_p50_ms(run: LoadRun) -> float:
     return percentile([trace.first_event_s * 1000 for trace in run.results], 50)
+
+
+def _ensemble_cpu_rows(label: str, run: LoadRun) -> list[Row]:
+    """Where an ensemble run's CPU goes, per streamed token: its Python steps (every postprocessing call is one
+    engine response), tritonserver (the ensemble scheduler, the HTTP frontend, the Python backend's side of each
+    step, the engine relay's thread) and the engine stand-in."""
+    rows = [Row(f"{label}: CPU per token, ensemble's {step}", _cpu_us_per_token(run, prefix), "µs")
+            for step, prefix in ENSEMBLE_STEPS]
+    rows.append(Row(f"{label}: CPU per token, tritonserver (ensemble run; incl. the engine relay)",
+                    _cpu_us_per_token(run, "tritonserver"), "µs"))
+    rows.append(Row(f"{label}: CPU per token, engine (ensemble run; Python + its relay)", _engine_cpu_us_per_token(run),
+                    "µs"))
+    return rows
 
 
 def run(ctx: BenchContext) -> list[Row]:
@@ -185,6 +209,9 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
             rows.append(Row(f"{clients:>3} streams: {label}", rate, "tok/s"))
             rows.append(Row(f"{clients:>3} streams: {label} / floor", rate / floor, "x",
                             RATIO_TARGET.get(clients) if model == "tensorrt_llm_bls" else None))
+        rows.append(Row(f"{clients:>3} streams: ensemble / BLS",
+                        _tokens_per_s(runs["ensemble"]) / _tokens_per_s(runs["tensorrt_llm_bls"]), "x",
+                        ENSEMBLE_RATIO_TARGET.get(clients)))
         # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
         rows.append(Row(f"{clients:>3} streams: BLS responses per token", _responses_per_token(runs["tensorrt_llm_bls"]),
@@ -192,6 +219,7 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
         rows.append(Row(f"{clients:>3} streams: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]),
                         "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
+        rows.append(Row(f"{clients:>3} streams: ensemble first token p50", _first_token_p50_ms(runs["ensemble"]), "ms"))
         bls = runs["tensorrt_llm_bls"]
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
@@ -203,6 +231,7 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         _engine_cpu_us_per_token(bls), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, client (BLS run)",
                         bls.client_cpu_s / (STREAM_TOKENS * len(bls.results)) * 1e6, "µs"))
+        rows += _ensemble_cpu_rows(f"{clients:>3} streams", runs["ensemble"])
     return rows
 
 
@@ -233,18 +262,23 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
     server = ctx.server(_repo(ctx, "streaming-paced", step_ms=PACED_STEP_MS, engine_instances=1))
     bodies = _bodies(server.http_url)
     stream_s = STREAM_TOKENS * PACED_STEP_MS / 1000
-    for model in ("tensorrt_llm", "tensorrt_llm_bls"):
+    for model in MODELS:
         stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])  # warm-up
     rows: list[Row] = []
     for streams in ctx.paced_streams:
         label = f"{streams} streams, engine step {PACED_STEP_MS:.0f} ms"
         runs = {model: stream_load(server, model, streams, 1 if ctx.quick else 2, lambda _i, m=model: bodies[m],
                                    stagger_s=stream_s)
-                for model in ("tensorrt_llm", "tensorrt_llm_bls")}
-        bls = runs["tensorrt_llm_bls"]
+                for model in MODELS}
+        bls, ensemble = runs["tensorrt_llm_bls"], runs["ensemble"]
         ttft_target = TTFT_TARGET if streams == PACED_CONCURRENCY else None
         rows.append(Row(f"{label}: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
         rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(bls), "ms", ttft_target))
+        rows.append(Row(f"{label}: ensemble first token p50", _first_token_p50_ms(ensemble), "ms",
+                        ENSEMBLE_TTFT_TARGET if streams == PACED_CONCURRENCY else None))
+        # Kept up with the engine: the same tok/s as the engine alone (the staggered starts and the pace set it).
+        for model, name in (("tensorrt_llm", "engine alone"), ("tensorrt_llm_bls", "BLS"), ("ensemble", "ensemble")):
+            rows.append(Row(f"{label}: {name}", _tokens_per_s(runs[model]), "tok/s"))
         # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token
         # here is the cost of one response per token, with no merging to lower it (the throughput runs merge).
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
@@ -254,4 +288,5 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
         rows.append(Row(f"{label}: CPU per token, engine (BLS run; Python + its relay)", _engine_cpu_us_per_token(bls),
                         "µs"))
+        rows += _ensemble_cpu_rows(label, ensemble)
     return rows
