@@ -81,7 +81,7 @@ class Postprocessor:
         flat_lengths = lengths.reshape(-1).tolist()
         if flat_lengths and (min(flat_lengths) < 0 or max(flat_lengths) > tokens.shape[2]):
             raise InvalidRequest("SEQUENCE_LENGTH", f"values must be within [0, {tokens.shape[2]}]")
-        rows = tokens.reshape(-1, tokens.shape[2])
+        rows = tokens.reshape(tokens.shape[0] * tokens.shape[1], tokens.shape[2])  # -1 cannot size an empty batch
         return [rows[i, :length] for i, length in enumerate(flat_lengths)]
 
     def _all_in_vocabulary(self, ids: np.ndarray) -> bool:

@@ -102,3 +102,10 @@ def test_a_batch_whose_every_request_is_bad(bundle):
     ])
     assert [(r.field, r.problem) for r in results] == [("TOKENS_BATCH", "token id -1 is outside the vocabulary "
                                                         f"[0, {bundle.vocab_size})"), ("SEQUENCE_LENGTH", "is required")]
+
+
+def test_a_response_without_tokens_decodes_to_empty_text(bundle):
+    """A stream's last engine response may carry no token (shape [1, 1, 0]: the end id was not returned)."""
+    outputs = Postprocessor(bundle)({"TOKENS_BATCH": np.zeros((1, 1, 0), np.int32),
+                                     "SEQUENCE_LENGTH": np.zeros((1, 1), np.int32)})
+    assert outputs["OUTPUT"].reshape(-1).tolist() == [b""]
