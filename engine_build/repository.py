@@ -41,8 +41,11 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 TARGET_MODEL = "tensorrt_llm"
 DRAFT_MODEL = "tensorrt_llm_draft"
 BLS_MODEL = "tensorrt_llm_bls"
-BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay
+BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
 RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
+RELAY_CONFIG = RELAY_DIR / "config.pbtxt"  # the relay model tensorrt_llm_bls, in front of the Python BLS
+# The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
+ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "bench_models" / "engine_relay" / "config.pbtxt"
 # Triton's own headers of the oldest server we serve (relay/include/README.md), where the container's are not here.
 RELAY_VENDORED_INCLUDE = RELAY_DIR / "include"
 CONTAINER_INCLUDE = Path("/opt/tritonserver/include")
@@ -195,7 +198,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "triton_max_batch_size": settings.triton_max_batch_size,
         "tensorrt_llm_model_name": TARGET_MODEL,
     })
-    _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_PYTHON_MODEL,
+    _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_MODEL,
                  contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
         "model_name": BLS_PYTHON_MODEL if relayed else BLS_MODEL,
         "triton_max_batch_size": settings.triton_max_batch_size,
@@ -213,7 +216,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "admission": _bls_admission(settings, relayed),
     })
     if relayed:
-        relay = _write_model(out, BLS_MODEL, vendored=(), values={
+        relay = _write_model(out, BLS_MODEL, vendored=(), version_files=False, template=RELAY_CONFIG, values={
             "triton_max_batch_size": settings.triton_max_batch_size,
             "python_model_name": BLS_PYTHON_MODEL,
             "engine_models": ",".join(engine_models),  # the only models its engine calls may name
@@ -324,7 +327,7 @@ def _prepare_output_dir(out: Path) -> None:
     out.mkdir(parents=True)
 
 
-def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt",
+def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt", template: Path | None = None,
                  source_name: str | None = None, vendored: tuple[str, ...] = ("bls",),
                  tokenizer: Path | None = None, contract_name: str | None = None, version_files: bool = True) -> Path:
     """A model folder: its `1/` files (an empty `1/` without version_files), the library packages it imports and
@@ -341,7 +344,8 @@ def _write_model(out: Path, name: str, values: dict, template_name: str = "confi
         shutil.copytree(PROJECT_ROOT / package, target / "1" / package, ignore=ignore)
     if tokenizer is not None:
         _copy_tokenizer(tokenizer, target / "1" / TOKENIZER_DIR)
-    config = render_model_config(source / template_name, values, contract_name=contract_name or source_name or name)
+    config = render_model_config(template or source / template_name, values,
+                                 contract_name=contract_name or source_name or name)
     (target / "config.pbtxt").write_text(config)
     return target
 
@@ -370,7 +374,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
                 "triton_max_batch_size": settings.triton_max_batch_size,
                 "python_model_name": python_name,
                 "engine_models": "",  # the engine behind it calls no model
-            }, template_name="relay.config.pbtxt", source_name=TARGET_MODEL)
+            }, template=ENGINE_RELAY_CONFIG, contract_name=TARGET_MODEL)
             compile_relay(relay / "1" / RELAY_LIBRARY)
         target = _write_model(out, python_name, vendored=("bls", "embedded_engine"), values={
             **common,
