@@ -56,7 +56,8 @@ MAX_SEQ_LEN ?=
 KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
-# tensorrt_llm_bls instances; default: one per 4 cores of the host that runs `make repo`, 1 to 8.
+# tensorrt_llm_bls instances; default: relayed, one per 4 cores of the host that runs `make repo`, 1 to 8;
+# in-process (one request at a time each), one per core, 4 to 32.
 BLS_INSTANCES ?=
 # preprocessing / postprocessing instances (the ensemble's Python steps; postprocessing runs once per streamed
 # token); default: one per 4 cores of the host that runs `make repo`, 1 to 8.
@@ -64,8 +65,8 @@ PREPROCESSING_INSTANCES ?=
 POSTPROCESSING_INSTANCES ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
-# tensorrt_llm_bls's responses sent by the C++ relay (relay/, compiled by `make repo`; decoupled only):
-# auto (when g++ or $$CXX is here), on, off.
+# tensorrt_llm_bls's transport (bls/transports.py): the C++ relay (relay/, compiled by `make repo`; decoupled only)
+# or in-process. auto: the relay when g++ (or $$CXX) is here; on: the relay or fail; off: in-process.
 RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
