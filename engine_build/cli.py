@@ -315,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
         p.add_argument("--bls-instances", type=int,
-                       help="tensorrt_llm_bls instances (default: one per 4 cores of this host, 1 to 8)")
+                       help="tensorrt_llm_bls instances (default: relayed, one per 4 cores of this host, 1 to 8; "
+                            "in-process, one per core, 4 to 32)")
         p.add_argument("--preprocessing-instances", type=int,
                        help="preprocessing instances (default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--postprocessing-instances", type=int,
