@@ -37,7 +37,7 @@ DECOUPLED ?= true
 # EXCLUDE_INPUT_IN_OUTPUT=false: a request that does not say gets the prompt echoed (the backend's own default, for
 # token-level clients that read it back in output_ids); true (default, as NVIDIA's Llama guide): no echo.
 EXCLUDE_INPUT_IN_OUTPUT ?= true
-# QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; see README).
+# QUERY_SPECIAL_TOKENS=parse: text_input may carry control tokens (for Triton's OpenAI frontend; docs/compatibility.md).
 QUERY_SPECIAL_TOKENS ?= text
 # ENGINE=trtllm guided decoding: xgrammar (the tokenizer info file beside each engine) or none (its keys left unset).
 GUIDED_DECODING ?= xgrammar

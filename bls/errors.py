@@ -18,7 +18,7 @@ class Unavailable(RuntimeError):
 
 
 class GenerationCancelled(Exception):
-    """An engine stream was cancelled because its client went away (EngineStreams.cancel): the generation
+    """An engine stream was cancelled because its client went away (bls.relay_engine.RelayedEngineStreams.cancel): the generation
     stops its engine and ends with finish_reason "cancelled"; never an error for anyone."""
 
 

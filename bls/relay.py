@@ -7,8 +7,8 @@ and the stream's token (TOKEN_PARAMETER). The Python model claims the stream on 
 presenting the token, then writes each response of the request as one frame; the last frame is final (a final
 response or an error), and only then does the Python model complete the child request itself. The frames are
 laid out in relay/frames.md, the one definition both sides are tested against (tests/fixtures/relay_frames/).
-A frame costs a few µs to encode and a share of one write; a response sent through the stub costs 40-70 µs of
-this process's CPU and as much of tritonserver's (README, Benchmarks). The relay tells the claiming connection
+A frame costs a few µs to encode and a share of one write, where a response sent through the stub is a
+synchronous round trip to tritonserver (docs/benchmarks.md has both). The relay tells the claiming connection
 when a stream's client cancels it, so that the model never asks Triton (a round trip each).
 
 The relay closes a connection that sends anything it may not (relay/frames.md, Rules), which ends every stream
@@ -314,11 +314,13 @@ class RelayConnection:
     before it, is written at once: the child request may complete only after it). A thread (`relay-reader`) reads
     what the relay writes back: which claimed streams were cancelled, and the engine calls' responses."""
 
-    SWEEP_S = 0.002  # while engine responses keep coming, read at most this often (bls.engine_http says why)
+    # While engine responses keep coming, read at most this often: one wake-up (and one send of what the read
+    # queued) for many responses; an engine step of 10-50 ms waits at most this much more.
+    SWEEP_S = 0.002
 
     def __init__(self, socket_name: str, after_sweep: Callable[[], None] | None = None):
         """`after_sweep`: run on the reader thread after each read that brought engine responses (the BLS sends
-        there what they queued, as after an HTTP sweep)."""
+        there what they queued, all at once)."""
         self._socket_name = socket_name
         self._after_sweep = after_sweep
         self._lock = threading.Lock()
@@ -471,11 +473,11 @@ class RelayConnection:
             self._corks -= 1
             if self._corks or not self._gathered:
                 return
+            frames = len(self._gathered)
             try:
                 self._write_gathered()
             except OSError as error:  # their streams were cancelled (_broken): the relay has ended them
-                log.warning("relay %s: %d frames could not be written (%s)", self._socket_name, len(self._gathered),
-                            error)
+                log.warning("relay %s: %d frames could not be written (%s)", self._socket_name, frames, error)
 
     def close(self) -> None:
         with self._lock:

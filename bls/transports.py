@@ -87,8 +87,9 @@ class InProcessTransport:
                 self._after_send()
 
     def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
-        """Unload: nothing to wait for; every request ended inside `execute`, which Triton never runs beside
-        finalize."""
+        """Unload: nothing to wait for or stop (both arguments are the relay transport's); every request ended
+        inside `execute`, which Triton never runs beside finalize. stop_running must not be called here: engine
+        streams are only read on the execute thread."""
         return []
 
 
@@ -176,6 +177,7 @@ class RelayTransport:
         then `stop_running`), and what waits to be sent goes. Returns warnings for the log."""
         warnings = []
         cut_short = self.requests.shutdown(wait_s, stop_running)
+        self.row_pool.shutdown(wait=False)
         if cut_short:
             warnings.append(f"unloading ended {cut_short} requests with an error")
         if not self.responses.close(wait_s):

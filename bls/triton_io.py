@@ -214,9 +214,9 @@ class SafeSender:
         wait=False never blocks: while another pb_utils call of this process is in progress, the answer of the
         previous check is returned. The embedded engine polls so (bls.cancellation.CancellationPoll) from
         its scheduler: waiting for a send to finish would tie generation to sending.
-        wait=True always asks: the BLS's sending threads, whose checks are rare, each after a send. Answered from
-        an earlier check whenever the lock was busy (under load, most of the time: sends hold it), a client
-        that had gone was missed check after check.
+        wait=True always asks: the in-process BLS (bls.transports.DirectSink), whose checks the process's rate
+        limit keeps rare; answered from an earlier check whenever the lock was busy, a client that had gone would
+        be missed check after check.
         """
         if not PB_LOCK.acquire(blocking=wait):
             return self._cancelled
@@ -231,19 +231,10 @@ class SafeSender:
         but inside ResponseSender::Send with the GIL released (python_backend src/response_sender.cc, from
         24.10 up to main of 2026-07, so also in the 26.07 container): a dropped BYTES output frees the numpy
         array the stub serialised it into, a Python deallocation without the GIL, which can corrupt the allocator
-        while other threads run Python: a candidate (not proven) for the BLS stub's SIGSEGV in libpython under the
-        soak's gRPC clients, which ask for text_output alone."""
+        while other threads run Python."""
         with PB_LOCK:
-            self.send_built(self.build(outputs), final)
-
-    def build(self, outputs: Mapping[str, np.ndarray]) -> Any:
-        """The response send() would send, built now (pb_utils objects only: nothing reaches Triton before
-        send_built)."""
-        with PB_LOCK:
-            return make_response({name: value for name, value in outputs.items() if name in self._requested})
-
-    def send_built(self, response: Any, final: bool = False) -> None:
-        self._send(lambda: response, final)
+            response = make_response({name: value for name, value in outputs.items() if name in self._requested})
+            self._send(lambda: response, final)
 
     def send_error(self, error: BaseException) -> None:
         """The error, as the stream's final response.
@@ -304,6 +295,7 @@ class RelayedSender(SafeSender):
         self.send_built(self.build(outputs), final)
 
     def send_built(self, response: bytes, final: bool = False) -> None:
+        """A response built ahead (build()): bls.response_loop builds a round's responses before it sends them."""
         self._write(response_frame(self._stream, response, final), final)
 
     def send_error(self, error: BaseException) -> None:

@@ -48,7 +48,7 @@ SHIPPED: tuple[Shipped, ...] = (
                                 "tensorrt_llm, which requires torch)"),
 )
 SHIPPED_MODULES = {entry.module: entry for entry in SHIPPED}
-# House rule (README, "Serve-time imports"): torch is for the embedded engine only; every other model serves on the
+# House rule (docs/container.md): torch is for the embedded engine only; every other model serves on the
 # tokenizer stack alone.
 ENGINE_ONLY_MODULES = frozenset({"torch", "safetensors", "xgrammar"})
 

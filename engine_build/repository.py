@@ -253,10 +253,11 @@ def _use_relay(settings: RepositorySettings) -> bool:
         raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
                               f"{RELAY_DIR.relative_to(PROJECT_ROOT)}/; install one (apt-get install g++) or "
                               "build with RELAY=off")
-    engine = " (and the benchmark's stand-in engine: figures not comparable with the README's)" \
+    engine = " (and the benchmark's stand-in engine: figures not comparable with docs/benchmarks.md's)" \
         if settings.engine_relay else ""
-    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL}{engine} is built without the relay, so "
-          "every streamed response pays the Python backend's send (README, Benchmarks); install g++ or set CXX",
+    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL} is built with the in-process transport"
+          f"{engine}: one request at a time per instance, every response a Python backend send (docs/design.md); "
+          "install g++ or set CXX for the relay",
           file=sys.stderr, flush=True)
     return False
 
@@ -327,7 +328,7 @@ def _prepare_output_dir(out: Path) -> None:
     out.mkdir(parents=True)
 
 
-def _write_model(out: Path, name: str, values: dict, template_name: str = "config.pbtxt", template: Path | None = None,
+def _write_model(out: Path, name: str, values: dict, template: Path | None = None,
                  source_name: str | None = None, vendored: tuple[str, ...] = ("bls",),
                  tokenizer: Path | None = None, contract_name: str | None = None, version_files: bool = True) -> Path:
     """A model folder: its `1/` files (an empty `1/` without version_files), the library packages it imports and
@@ -344,7 +345,7 @@ def _write_model(out: Path, name: str, values: dict, template_name: str = "confi
         shutil.copytree(PROJECT_ROOT / package, target / "1" / package, ignore=ignore)
     if tokenizer is not None:
         _copy_tokenizer(tokenizer, target / "1" / TOKENIZER_DIR)
-    config = render_model_config(template or source / template_name, values,
+    config = render_model_config(template or source / "config.pbtxt", values,
                                  contract_name=contract_name or source_name or name)
     (target / "config.pbtxt").write_text(config)
     return target
@@ -369,7 +370,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
         if settings.engine_relay and relayed:
             python_name = f"{name}_python"
-            relay = _write_model(out, name, version_files=False, values={
+            relay = _write_model(out, name, vendored=(), version_files=False, values={
                 "model_name": name,
                 "triton_max_batch_size": settings.triton_max_batch_size,
                 "python_model_name": python_name,
@@ -392,7 +393,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "step_ms": settings.step_ms,
             "engine_instance_count": settings.engine_instance_count,
             "torch_threads": settings.torch_threads,
-        }, template_name="embedded.config.pbtxt", source_name=TARGET_MODEL)
+        }, template=TEMPLATES / TARGET_MODEL / "embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / CHECKPOINT_DIR)
         write_xgrammar_tokenizer_info(settings.tokenizer_dir, target / "1" / XGRAMMAR_TOKENIZER_INFO)
         return

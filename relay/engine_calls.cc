@@ -1,8 +1,7 @@
 // Engine calls: a Python process's request to one of the configured engines (`engine_models`: the target and its
 // draft) is sent in-process (TRITONSERVER_ServerInferAsync, outputs on the heap) and every engine response is
-// written back to that process's connection as a frame from Triton's callback thread, as it comes. Over the
-// server's own HTTP endpoint each token cost the HTTP frontend's JSON and chunked transfer, and the Python process
-// a socket per stream to read (README, Benchmarks).
+// written back to that process's connection as a frame from Triton's callback thread, as it comes: no frontend,
+// JSON or socket per stream in the per-token path.
 #include <cstdlib>
 #include <cstring>
 

@@ -1,9 +1,9 @@
 // llama3_relay: a Triton backend (C++) that fronts a Python-backend model and sends its responses for it.
 //
 // Why: a Python-backend model pays for every response it sends a synchronous round trip between its stub
-// process and tritonserver (python_backend's ResponseSender::Send): 40-70 µs of stub CPU and about as much in
-// tritonserver, per response. TensorRT-LLM's C++ backend sends one response per generated token per stream,
-// so that cost, not the GPU, set the BLS's CPU per token (README, Benchmarks). Here the Python model keeps
+// process and tritonserver (python_backend's ResponseSender::Send), in both processes. TensorRT-LLM's C++
+// backend sends one response per generated token per stream, so that cost, not the GPU, set the BLS's CPU per
+// token (docs/benchmarks.md has the measurements). Here the Python model keeps
 // every decision (inputs, tokenization, streaming text, finish reasons, errors) and hands each response to
 // this backend as a frame on a Unix socket, many frames to a write; this backend turns the frames into Triton
 // responses from inside tritonserver.

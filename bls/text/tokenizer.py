@@ -236,10 +236,3 @@ class TokenizerBundle:
         return self.tokenizer.decode(
             list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
-
-    def decode_batch(self, sequences: Sequence[Sequence[int]], skip_special_tokens: bool) -> list[str]:
-        return self.tokenizer.batch_decode(
-            [list(ids) for ids in sequences],
-            skip_special_tokens=skip_special_tokens,
-            clean_up_tokenization_spaces=False,
-        )

@@ -206,14 +206,26 @@ def test_engine_error_mid_generation_reaches_direct_and_ensemble_clients(server)
     assert server.is_alive() and still_serves(server)
 
 
-def test_engine_error_mid_generation_reaches_bls_clients(server):
-    """The BLS streams engine requests over gRPC, where an error after data responses arrives. Through Triton
-    2.51's exec(decoupled=True) iterator it never did: the stream just ended, as if complete."""
+def _assert_engine_error_reaches_bls_clients(server: TritonServer) -> None:
+    """An engine error after data responses ends the BLS client's stream with it: never a stream that just ends,
+    as if complete, with part of the text."""
     with pytest.raises(HttpError, match="tensorrt_llm: internal error") as error:
         generate_stream(server.http_url, BLS, {"text_input": "hi", "max_tokens": 10, "stream": True,
                                                **ENGINE_FAILS_AT_THIRD_TOKEN}, timeout=HUNG_AFTER_S)
     assert "Traceback" not in error.value.message
     assert server.is_alive() and still_serves(server)
+
+
+def test_engine_error_mid_generation_reaches_bls_clients(server):
+    """Relayed: the relay writes the engine's error back as a frame with its code."""
+    _assert_engine_error_reaches_bls_clients(server)
+
+
+def test_engine_error_mid_generation_reaches_in_process_bls_clients(tmp_path_factory):
+    """In-process: the error comes through the exec(decoupled=True) response iterator."""
+    repo = _synthetic_repository(tmp_path_factory, relay="off")
+    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as in_process:
+        _assert_engine_error_reaches_bls_clients(in_process)
 
 
 # ---- (c) a huge input -------------------------------------------------------------------------------------------

@@ -137,7 +137,7 @@ def test_truncate_at_stop_word():
 
 
 def test_a_round_cancelled_under_way_ends_the_generation_as_cancelled():
-    """EngineStreams.cancel makes an open round raise GenerationCancelled (the client went away)."""
+    """RelayedEngineStreams.cancel makes an open round raise GenerationCancelled (the client went away)."""
     from bls.errors import GenerationCancelled
 
     class CancelledInThirdRound(FakeEngines):

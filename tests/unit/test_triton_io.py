@@ -235,20 +235,6 @@ def test_only_requested_outputs_are_handed_to_the_stub(triton_io):
     assert [tensor.name() for tensor in response.output_tensors] == ["text_output"] and flags == 1
 
 
-def test_a_response_built_ahead_is_sent_as_send_would_send_it(triton_io):
-    """ResponseLoop builds a round's responses before sending them: the same outputs, the stream still ends once."""
-    request = Request(requested_outputs=["text_output"])
-    sender = triton_io.SafeSender(request, "m")
-    early = sender.build({"text_output": np.array([b"a"], dtype=object), "num_output_tokens": np.array([[1]], np.int32)})
-    last = sender.build({"text_output": np.array([b"b"], dtype=object)})
-    assert request.sender.sent == [], "building sends nothing"
-    sender.send_built(early)
-    sender.send_built(last, final=True)
-    sender.send_built(sender.build({"text_output": np.array([b"late"], dtype=object)}))
-    assert [([t.name() for t in response.output_tensors], flags) for response, flags in request.sender.sent] == [
-        (["text_output"], 0), (["text_output"], 1)]
-
-
 def test_metric_families_are_created_once_and_kept(triton_io):
     metrics = triton_io.Metrics()
     before = len(_MetricFamily.created)

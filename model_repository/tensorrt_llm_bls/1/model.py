@@ -69,7 +69,7 @@ class TritonPythonModel:
             self.transport = RelayTransport(
                 MODEL, TENSORRT_LLM_BLS, workers=parse_positive_int(params.get("max_concurrent_requests"), 256,
                                                                     "max_concurrent_requests"),
-                queued=int(params.get("max_queued_requests", "256")),
+                queued=parse_positive_int(params.get("max_queued_requests"), 256, "max_queued_requests"),
                 merge=partial(merge_streamed, accumulate=self.config.accumulate_tokens))
         elif transport == "in_process":
             self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS, self.config.decoupled,

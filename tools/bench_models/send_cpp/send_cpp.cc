@@ -2,7 +2,7 @@
 // stub_send model, from inside tritonserver (see config.pbtxt). Built by tools/bench_streaming.py with
 // `g++ -shared`; the symbols below resolve against the tritonserver that loads the library.
 //
-// The C API declarations are the relay's (relay/triton_c_api.h: no Triton header needed).
+// Compiled against the same Triton headers as the relay (engine_build.repository.relay_include_dir).
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
