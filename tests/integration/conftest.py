@@ -127,8 +127,8 @@ def served_engine_backend(config) -> str | None:
     if url:
         try:
             return _parse_url(url).model_config("tensorrt_llm").get("backend")
-        except OSError:
-            return None
+        except OSError as error:  # never a silent skip of every test that needs to know
+            raise pytest.UsageError(f"--server-url {url}: cannot read tensorrt_llm's config ({error})") from None
     engine_config = Path(config.getoption("--repo")) / "tensorrt_llm" / "config.pbtxt"
     return first(parse_pbtxt(engine_config.read_text()), "backend") if engine_config.is_file() else None
 
