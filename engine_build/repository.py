@@ -45,7 +45,8 @@ BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the
 RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
 RELAY_CONFIG = RELAY_DIR / "config.pbtxt"  # the relay model tensorrt_llm_bls, in front of the Python BLS
 # The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
-ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "bench_models" / "engine_relay" / "config.pbtxt"
+# Beside tools/bench_models/, not in it: that folder is served whole as a repository of its own.
+ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "engine_relay.config.pbtxt"
 # Triton's own headers of the oldest server we serve (relay/include/README.md), where the container's are not here.
 RELAY_VENDORED_INCLUDE = RELAY_DIR / "include"
 CONTAINER_INCLUDE = Path("/opt/tritonserver/include")

@@ -9,7 +9,7 @@ import psutil
 
 STUB_NAME = "triton_python_backend_stub"
 # The relays' threads in tritonserver (relay/, its thread_name): the BLS's, whose CPU is the relayed BLS's
-# sending, and the one in front of the benchmark engine (tools/bench_models/engine_relay/), the engine's.
+# sending, and the one in front of the benchmark engine (tools/engine_relay.config.pbtxt), the engine's.
 RELAY_THREAD = "llama3_relay"
 ENGINE_RELAY_THREAD = "engine_relay"
 # Python backend stub argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir
