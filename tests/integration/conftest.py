@@ -168,6 +168,9 @@ CRASHES_ON_PURPOSE = {
     # through the ensemble to the HTTP frontend's allocator (core dump: postprocessing's InferResponse::Send ->
     # EnsembleContext::Proceed -> Output::AllocateDataBuffer -> a freed address; docs/operations.md).
     "test_every_stub_exits_when_tritonserver_ends[SIGTERM]": ("Signal (11) received",),
+    # Triton 2.51 leaves the in-process BLS waiting for a child's error for good (test_faults): its server then exits
+    # with that request in flight, which may end the same way.
+    "test_engine_error_mid_generation_reaches_in_process_bls_clients": ("Signal (11) received",),
 }
 
 
