@@ -89,7 +89,8 @@ class InProcessTransport:
     def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
         """Unload: nothing to wait for or stop (both arguments are the relay transport's); every request ended
         inside `execute`, which Triton never runs beside finalize. stop_running must not be called here: engine
-        streams are only read on the execute thread."""
+        streams are only read on the execute thread (finalize runs on it too: the stub's main thread)."""
+        self.models.release_read_iterators()
         return []
 
 

@@ -562,6 +562,12 @@ class InProcessModels:
         for _ in self.stream(model_name, stop_request_inputs(), ["output_ids"], request_id):
             pass
 
+    def release_read_iterators(self) -> None:
+        """Drop every kept iterator now (finalize, on the thread that streams): left to the stub's exit, their
+        destruction would reach a server that has already unloaded the model (a tritonserver SIGSEGV in
+        libtriton_python at shutdown, seen once in make test)."""
+        self._read_iterators.clear()
+
     def _check_streaming_thread(self) -> None:
         thread = threading.get_ident()
         if self._streaming_thread is None:

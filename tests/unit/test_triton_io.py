@@ -434,3 +434,15 @@ def test_read_iterators_are_dropped_on_the_streaming_thread_only_after_the_keep_
     list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "b"))
     gc.collect()
     assert iterators[0]() is None, "dropped by the next stream once the keep time has passed"
+
+
+def test_kept_iterators_are_dropped_at_unload(triton_io, children):
+    import gc
+    import weakref
+
+    models = triton_io.InProcessModels(decoupled_engines=True)
+    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
+    kept = [weakref.ref(iterator) for _, iterator in models._read_iterators]
+    models.release_read_iterators()
+    gc.collect()
+    assert kept and all(ref() is None for ref in kept)
