@@ -21,6 +21,8 @@ from pathlib import Path
 from engine_build.gpu_plan import PROFILES, Profile, profile_with
 from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
+from engine_build.settings_args import bls_settings, text_instance_settings
+from engine_build.trtllm_flow import build_trtllm_repository
 
 # The tensorrt_llm parameters that hold absolute paths into the repository (where it is served).
 RELOCATED_PARAMETERS = ("gpt_model_path", "xgrammar_tokenizer_info_path")
@@ -94,34 +96,6 @@ def cmd_build(args) -> None:
     )
 
 
-def bls_settings(args) -> dict:
-    """The BLS's settings from the command line: --bls-instances if given (else RepositorySettings' host-sized
-    default), --stream-interval and --relay."""
-    if args.stream_interval < 1:
-        raise SystemExit(f"--stream-interval must be at least 1 (got {args.stream_interval})")
-    settings = {"stream_interval": args.stream_interval, "relay": args.relay}
-    if args.bls_instances is None:
-        return settings
-    if args.bls_instances < 1:
-        raise SystemExit(f"--bls-instances must be at least 1 (got {args.bls_instances})")
-    return {**settings, "bls_instance_count": args.bls_instances}
-
-
-def text_instance_settings(args) -> dict:
-    """preprocessing's and postprocessing's instance counts from the command line, where given (else
-    RepositorySettings' host-sized defaults)."""
-    settings = {}
-    for option, key in (("preprocessing_instances", "preprocessing_instance_count"),
-                        ("postprocessing_instances", "postprocessing_instance_count")):
-        count = getattr(args, option)
-        if count is None:
-            continue
-        if count < 1:
-            raise SystemExit(f"--{option.replace('_', '-')} must be at least 1 (got {count})")
-        settings[key] = count
-    return settings
-
-
 def cmd_assemble(args) -> None:
     profile = _profile(args)
     settings = RepositorySettings(
@@ -157,7 +131,6 @@ def cmd_repo(args) -> None:
     # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x (DRY_RUN=1: the plan, the configs and the commands only).
     if not args.hf_model:
         raise SystemExit("ENGINE=trtllm needs HF_MODEL=/path/to/a Llama 3 HF checkpoint")
-    from engine_build.trtllm_flow import build_trtllm_repository
 
     build_trtllm_repository(args, _stage)
 

@@ -17,8 +17,8 @@ from engine_build.gpu_plan import (
     check_fp8_kv_cache, gpu_compute_capability, gpu_memory_bytes, profile_with, visible_gpu_count,
 )
 from engine_build.check_repo import check_repository
-from engine_build.cli import bls_settings, text_instance_settings
 from engine_build.repository import RepositorySettings, assemble_repository
+from engine_build.settings_args import bls_settings, text_instance_settings
 from engine_build.trtllm import trtllm_build_command
 
 

@@ -275,7 +275,7 @@ def test_relocate_points_the_cpp_backend_at_the_served_path(tmp_path):
 def test_stream_interval_reaches_the_bls_config(tmp_path):
     from argparse import Namespace
 
-    from engine_build.cli import bls_settings
+    from engine_build.settings_args import bls_settings
 
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),

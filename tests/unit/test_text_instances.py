@@ -6,7 +6,7 @@ from argparse import Namespace
 
 import pytest
 
-from engine_build.cli import text_instance_settings
+from engine_build.settings_args import text_instance_settings
 from engine_build.render import parse_model_config
 from engine_build.repository import (
     RepositorySettings, assemble_repository, default_postprocessing_instance_count, default_preprocessing_instance_count,

@@ -1,0 +1,32 @@
+"""RepositorySettings fields from `python -m engine_build` arguments that both the plain assembly (engine_build.cli)
+and the TensorRT-LLM flow (engine_build.trtllm_flow) take."""
+
+from __future__ import annotations
+
+
+def bls_settings(args) -> dict:
+    """The BLS's settings from the command line: --bls-instances if given (else RepositorySettings' host-sized
+    default), --stream-interval and --relay."""
+    if args.stream_interval < 1:
+        raise SystemExit(f"--stream-interval must be at least 1 (got {args.stream_interval})")
+    settings = {"stream_interval": args.stream_interval, "relay": args.relay}
+    if args.bls_instances is None:
+        return settings
+    if args.bls_instances < 1:
+        raise SystemExit(f"--bls-instances must be at least 1 (got {args.bls_instances})")
+    return {**settings, "bls_instance_count": args.bls_instances}
+
+
+def text_instance_settings(args) -> dict:
+    """preprocessing's and postprocessing's instance counts from the command line, where given (else
+    RepositorySettings' host-sized defaults)."""
+    settings = {}
+    for option, key in (("preprocessing_instances", "preprocessing_instance_count"),
+                        ("postprocessing_instances", "postprocessing_instance_count")):
+        count = getattr(args, option)
+        if count is None:
+            continue
+        if count < 1:
+            raise SystemExit(f"--{option.replace('_', '-')} must be at least 1 (got {count})")
+        settings[key] = count
+    return settings
