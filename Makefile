@@ -142,7 +142,8 @@ check-repo:
 # Without SERVER_URL the tests that go through tensorrt_llm_bls run a second time against the BLS's other transport,
 # in-process (bls/transports.py: what RELAY=off, a host without a C++ compiler and DECOUPLED=false build).
 IN_PROCESS_REPO ?= build/model_repository_in_process
-BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py tests/integration/test_bad_input.py
+BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py tests/integration/test_bad_input.py \
+    tests/integration/test_conformance.py tests/integration/test_guided.py
 test: $(if $(SERVER_URL),$(TEST_SETUP),repo)
 	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
