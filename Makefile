@@ -60,9 +60,13 @@ ENABLE_CHUNKED_CONTEXT ?=
 # in-process (one request at a time each), one per core, 4 to 32.
 BLS_INSTANCES ?=
 # preprocessing / postprocessing instances (the ensemble's Python steps; postprocessing runs once per streamed
-# token); default: one per 4 cores of the host that runs `make repo`, 1 to 8.
+# token); default: preprocessing one per 4 cores of the host that runs `make repo`, 1 to 8; postprocessing one per
+# 2 cores, 1 to 16.
 PREPROCESSING_INSTANCES ?=
 POSTPROCESSING_INSTANCES ?=
+# Relayed repositories: threads that re-send the engine's responses to the ensemble, where Triton schedules the
+# ensemble's next step (relay/handoff.h); default: one per 4 cores of the host that runs `make repo`, 1 to 8.
+HANDOFF_SENDER_THREADS ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
 # tensorrt_llm_bls's transport (bls/transports.py): the C++ relay (relay/, compiled by `make repo`; decoupled only)
@@ -72,6 +76,7 @@ SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN)
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
     $(if $(PREPROCESSING_INSTANCES),--preprocessing-instances $(PREPROCESSING_INSTANCES)) \
     $(if $(POSTPROCESSING_INSTANCES),--postprocessing-instances $(POSTPROCESSING_INSTANCES)) \
+    $(if $(HANDOFF_SENDER_THREADS),--handoff-sender-threads $(HANDOFF_SENDER_THREADS)) \
     --stream-interval $(STREAM_INTERVAL) --relay $(RELAY) --guided-decoding $(GUIDED_DECODING) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \

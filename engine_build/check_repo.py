@@ -37,11 +37,13 @@ CONTRACT_OF = {
     "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "tensorrt_llm_python": "tensorrt_llm",
     "tensorrt_llm_draft_python": "tensorrt_llm", "preprocessing": "preprocessing", "postprocessing": "postprocessing",
     "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
+    "tensorrt_llm_handoff": "tensorrt_llm",
 }
 # Parameters of our Python models that name a path relative to the model's version folder, and the file it must hold.
 PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "checkpoint_dir": ("config.json",)}
-BLS_MODEL_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
-                        "tensorrt_llm_draft_model_name", "python_model_name")
+# Parameters that name another model of the repository (the BLS's, the relays', the handoff's).
+MODEL_NAME_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
+                         "tensorrt_llm_draft_model_name", "python_model_name", "handoff_to")
 BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")
 # Where the container's tritonserver finds its backends (server build.py r26.07 installs python and tensorrtllm there;
 # tensorrtllm_postbuild puts trtllmExecutorWorker beside libtriton_tensorrtllm.so). Checked only where it exists.
@@ -347,7 +349,7 @@ def _check_python_model(model: Model, models: dict[str, Model], report: Report) 
 
 
 def _check_named_models(model: Model, models: dict[str, Model], report: Report) -> None:
-    for key in BLS_MODEL_PARAMETERS:
+    for key in MODEL_NAME_PARAMETERS:
         named = model.parameters.get(key)
         if named and named not in models:
             report.fail(model.name, f"{key} names {named!r}, which the repository does not have")

@@ -293,8 +293,11 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--preprocessing-instances", type=int,
                        help="preprocessing instances (default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--postprocessing-instances", type=int,
-                       help="postprocessing instances: the ensemble's per-token step (default: one per 4 cores of this "
-                            "host, 1 to 8)")
+                       help="postprocessing instances: the ensemble's per-token step (default: one per 2 cores of this "
+                            "host, 1 to 16)")
+        p.add_argument("--handoff-sender-threads", type=int,
+                       help="relayed repositories: threads re-sending the engine's responses to the ensemble "
+                            "(relay/handoff.h; default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")

@@ -44,6 +44,9 @@ BLS_MODEL = "tensorrt_llm_bls"
 BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
 RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
 RELAY_CONFIG = RELAY_DIR / "config.pbtxt"  # the relay model tensorrt_llm_bls, in front of the Python BLS
+# The ensemble's engine step where the relay is built: the engine's responses re-sent from threads of its own.
+HANDOFF_MODEL = "tensorrt_llm_handoff"
+HANDOFF_CONFIG = RELAY_DIR / "handoff.config.pbtxt"
 # The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
 # Beside tools/bench_models/, not in it: that folder is served whole as a repository of its own.
 ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "engine_relay.config.pbtxt"
@@ -78,10 +81,17 @@ def default_preprocessing_instance_count(cpus: int | None = None) -> int:
 def default_postprocessing_instance_count(cpus: int | None = None) -> int:
     """postprocessing runs once per engine response (every streamed token of every stream, in the ensemble); an
     instance serves one batch at a time (tritonserver's thread for it prepares the batch, waits for the Python
-    process, then passes each response on through the ensemble), so one instance caps the ensemble's tokens per
-    second whatever the cores, and many instances each get small batches, whose fixed cost per batch then comes
-    back per token. One per 4 cores of the building host, 1 to 8 (16 cores: 4 streamed more than 8 or 2,
-    docs/benchmarks.md)."""
+    process, then passes each response on through the ensemble), so its instances cap the ensemble's tokens per
+    second. One per 2 cores of the building host, 1 to 16: on 16 cores, 8 streamed 1.2-1.3x what 4 did once the
+    handoff took the ensemble's scheduling off the engine's thread (docs/benchmarks.md)."""
+    cpus = cpus or len(os.sched_getaffinity(0))
+    return max(1, min(16, cpus // 2))
+
+
+def default_handoff_sender_threads(cpus: int | None = None) -> int:
+    """The handoff's sender threads (relay/handoff.h): each runs Triton's ensemble scheduling of the engine responses
+    of the streams it serves, about 40 µs a token on a GPU host's core (docs/benchmarks.md). One per 4 cores of the
+    building host, 1 to 8."""
     cpus = cpus or len(os.sched_getaffinity(0))
     return max(1, min(8, cpus // 4))
 
@@ -102,6 +112,7 @@ class RepositorySettings:
     max_queue_size: int = 256
     preprocessing_instance_count: int = field(default_factory=lambda: default_preprocessing_instance_count())
     postprocessing_instance_count: int = field(default_factory=lambda: default_postprocessing_instance_count())
+    handoff_sender_threads: int = field(default_factory=lambda: default_handoff_sender_threads())
     # How long a streamed token may wait in postprocessing's queue for others to batch with (its config says why).
     postprocessing_max_queue_delay_microseconds: int = 1000
     bls_instance_count: int | None = None  # None: default_bls_instance_count for the repository's transport
@@ -197,7 +208,8 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     })
     _write_model(out, "ensemble", vendored=(), values={
         "triton_max_batch_size": settings.triton_max_batch_size,
-        "tensorrt_llm_model_name": TARGET_MODEL,
+        # Relayed, the ensemble reaches the engine through the handoff (relay/handoff.h says why).
+        "tensorrt_llm_model_name": HANDOFF_MODEL if relayed else TARGET_MODEL,
     })
     _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_MODEL,
                  contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
@@ -223,6 +235,13 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
             "engine_models": ",".join(engine_models),  # the only models its engine calls may name
         })
         compile_relay(relay / "1" / RELAY_LIBRARY)
+        handoff = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG, values={
+            "model_name": HANDOFF_MODEL,
+            "triton_max_batch_size": settings.triton_max_batch_size,
+            "handoff_to": TARGET_MODEL,
+            "sender_threads": settings.handoff_sender_threads,
+        }, contract_name=TARGET_MODEL)
+        compile_relay(handoff / "1" / RELAY_LIBRARY)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings, relayed)

@@ -18,11 +18,12 @@ def bls_settings(args) -> dict:
 
 
 def text_instance_settings(args) -> dict:
-    """preprocessing's and postprocessing's instance counts from the command line, where given (else
-    RepositorySettings' host-sized defaults)."""
+    """The ensemble's sizing from the command line, where given (else RepositorySettings' host-sized defaults):
+    preprocessing's and postprocessing's instance counts and the handoff's sender threads."""
     settings = {}
     for option, key in (("preprocessing_instances", "preprocessing_instance_count"),
-                        ("postprocessing_instances", "postprocessing_instance_count")):
+                        ("postprocessing_instances", "postprocessing_instance_count"),
+                        ("handoff_sender_threads", "handoff_sender_threads")):
         count = getattr(args, option)
         if count is None:
             continue

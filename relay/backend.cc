@@ -1,6 +1,8 @@
 // Triton's entry points (TRITONBACKEND_*), the model's config, and what every part of the relay shares.
+#include <cstdlib>
 #include <memory>
 
+#include "handoff.h"
 #include "relay.h"
 
 namespace llama3_relay {
@@ -76,7 +78,20 @@ void ReleaseAll(const std::vector<Finished>& finished) {
   }
 }
 
-TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
+// The model config as JSON text (Triton writes it compactly).
+TRITONSERVER_Error* ConfigJson(TRITONBACKEND_Model* model, std::string* text) {
+  TRITONSERVER_Message* config = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelConfig(model, 1, &config);
+  if (error != nullptr) return error;
+  const char* json = nullptr;
+  size_t json_size = 0;
+  error = TRITONSERVER_MessageSerializeToJson(config, &json, &json_size);
+  if (error == nullptr) text->assign(json, json_size);
+  LogFailure(TRITONSERVER_MessageDelete(config), "model config");
+  return error;
+}
+
+TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, const std::string& config_json, Relay** out) {
   std::unique_ptr<Relay> relay(new Relay());
   const char* name = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name);
@@ -84,21 +99,9 @@ TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
   relay->model_name_ = name;
   error = TRITONBACKEND_ModelServer(model, &relay->server_);
   if (error != nullptr) return error;
-  TRITONSERVER_Message* config = nullptr;
-  error = TRITONBACKEND_ModelConfig(model, 1, &config);
-  if (error != nullptr) return error;
-  const char* json = nullptr;
-  size_t json_size = 0;
-  error = TRITONSERVER_MessageSerializeToJson(config, &json, &json_size);
-  std::string thread_name;
-  if (error == nullptr) {
-    const std::string text(json, json_size);
-    relay->python_model_ = ConfigParameter(text, "python_model_name");
-    relay->engine_models_ = NameList(ConfigParameter(text, "engine_models"));
-    thread_name = ConfigParameter(text, "thread_name");
-  }
-  LogFailure(TRITONSERVER_MessageDelete(config), "model config");
-  if (error != nullptr) return error;
+  relay->python_model_ = ConfigParameter(config_json, "python_model_name");
+  relay->engine_models_ = NameList(ConfigParameter(config_json, "engine_models"));
+  std::string thread_name = ConfigParameter(config_json, "thread_name");
   if (relay->python_model_.empty()) {
     return InvalidConfig("config.pbtxt needs the parameter python_model_name (the model whose responses this one "
                          "sends)");
@@ -129,7 +132,9 @@ TRITONSERVER_Error* Relay::Create(TRITONBACKEND_Model* model, Relay** out) {
 
 }  // namespace llama3_relay
 
+using llama3_relay::Handoff;
 using llama3_relay::Log;
+using llama3_relay::ModelRole;
 using llama3_relay::Relay;
 
 extern "C" {
@@ -156,23 +161,44 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
   return nullptr;
 }
 
+// A model whose config names `handoff_to` is the ensemble's handoff (handoff.h); any other is a relay.
 TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
-  Relay* relay = nullptr;
-  TRITONSERVER_Error* error = Relay::Create(model, &relay);
+  std::string config;
+  TRITONSERVER_Error* error = llama3_relay::ConfigJson(model, &config);
   if (error != nullptr) return error;
-  return TRITONBACKEND_ModelSetState(model, relay);
+  ModelRole* role = nullptr;
+  const std::string engine = llama3_relay::ConfigParameter(config, "handoff_to");
+  if (engine.empty()) {
+    Relay* relay = nullptr;
+    error = Relay::Create(model, config, &relay);
+    role = relay;
+  } else {
+    const std::string threads = llama3_relay::ConfigParameter(config, "sender_threads");
+    char* end = nullptr;
+    const unsigned long count = std::strtoul(threads.c_str(), &end, 10);
+    if (threads.empty() || *end != '\0' || count > 256) {
+      return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG,
+                                   ("llama3_relay: the parameter sender_threads must be a number from 1 to 256, not '" +
+                                    threads + "'").c_str());
+    }
+    Handoff* handoff = nullptr;
+    error = Handoff::Create(model, engine, static_cast<uint32_t>(count), &handoff);
+    role = handoff;
+  }
+  if (error != nullptr) return error;
+  return TRITONBACKEND_ModelSetState(model, role);
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {
   void* state = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelState(model, &state);
-  Relay* relay = static_cast<Relay*>(state);
-  if (relay != nullptr && !relay->StopAll()) {
+  ModelRole* role = static_cast<ModelRole*>(state);
+  if (role != nullptr && !role->StopAll()) {
     // Triton may still call back into it: leaked rather than freed under those callbacks.
-    Log(TRITONSERVER_LOG_ERROR, "engine calls still running at unload after 30 s; the relay's memory is left allocated");
+    Log(TRITONSERVER_LOG_ERROR, "engine requests still running at unload after 30 s; the model's memory is left allocated");
     return error;
   }
-  delete relay;
+  delete role;
   return error;
 }
 
@@ -183,7 +209,7 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInstanceExecute(TRITONBACKEND_ModelInstan
   TRITONSERVER_Error* error = TRITONBACKEND_ModelInstanceModel(instance, &model);
   if (error == nullptr) error = TRITONBACKEND_ModelState(model, &state);
   if (error != nullptr) return error;  // Triton then fails every request with it
-  static_cast<Relay*>(state)->Execute(instance, requests, count);
+  static_cast<ModelRole*>(state)->Execute(instance, requests, count);
   return nullptr;
 }
 

@@ -39,9 +39,14 @@
 // calls only to the configured engines. Anything malformed or hostile closes that connection (its streams end
 // with an error, its engine calls are cancelled); nothing a peer sends can stop the relay's thread or the server.
 //
+// The same library serves a second kind of model, the ensemble's handoff (handoff.h): no socket, no Python model;
+// it forwards the ensemble's engine requests and re-sends the engine's responses from threads of its own. A model's
+// config says which it is (backend.cc).
+//
 // The code, by responsibility: frames.{h,cc} (the layout, relay/frames.md), streams.cc (client requests and
-// their children), engine_calls.cc, socket_loop.cc (the socket, its peers, the reader thread), backend.cc (Triton's
-// entry points and the model's config).
+// their children), child_request.cc (a received request copied onto a new one), engine_calls.cc, socket_loop.cc
+// (the socket, its peers, the reader thread), handoff.{h,cc}, backend.cc (Triton's entry points and the model's
+// config).
 #pragma once
 
 #include <atomic>
@@ -83,6 +88,10 @@ void LogFailure(TRITONSERVER_Error* error, const char* what);
 uint64_t NowNs();  // the clock of Triton's own statistics
 TRITONSERVER_Error* NewChildAllocator(TRITONSERVER_ResponseAllocator** allocator);  // streams.cc
 TRITONSERVER_Error* NewEngineAllocator(TRITONSERVER_ResponseAllocator** allocator);  // engine_calls.cc
+// child_request.cc: `from`'s id, inputs (by reference) and request parameters onto `to`; "" when done, else why not
+// ("INVALID:" + the message when the client named one of `reserved_parameters` or sent a binary parameter).
+std::string CopyRequest(TRITONBACKEND_Request* from, TRITONSERVER_InferenceRequest* to,
+                        const std::vector<const char*>& reserved_parameters);
 
 class Relay;
 
@@ -144,16 +153,26 @@ struct EngineCall {
   bool ended = false;  // its final frame (8 or 9) has been queued
 };
 
-class Relay {
+// What a model of this backend is, chosen by its config (backend.cc): the relay in front of a Python model, or the
+// ensemble's handoff (handoff.h).
+class ModelRole {
+ public:
+  virtual ~ModelRole() = default;
+  virtual void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) = 0;
+  // At unload: waits for Triton to be done with what the model started (its callbacks point into it); false when
+  // that did not happen within kUnloadWait.
+  virtual bool StopAll() = 0;
+};
+
+class Relay : public ModelRole {
  public:
   // The model's relay, listening (backend.cc reads the config).
-  static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, Relay** relay);
-  ~Relay();
+  static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, const std::string& config_json, Relay** relay);
+  ~Relay() override;
 
-  void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count);
-  // Cancels the engine calls still running and waits for Triton to be done with them (at unload: their callbacks
-  // point here); false when they were not done within kUnloadWait.
-  bool StopAll();
+  void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) override;
+  // Also cancels the engine calls still running.
+  bool StopAll() override;
 
  private:
   Relay() = default;

@@ -114,67 +114,7 @@ std::string Relay::Start(Stream* stream) {
   }
   if (!failure.empty()) return failure;
   TRITONSERVER_InferenceRequest* child = stream->child;
-  const char* id = nullptr;
-  failure = Failure(TRITONBACKEND_RequestId(request, &id));
-  if (failure.empty() && id != nullptr && id[0] != '\0') failure = Failure(TRITONSERVER_InferenceRequestSetId(child, id));
-
-  count = 0;
-  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestInputCount(request, &count));
-  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
-    TRITONBACKEND_Input* input = nullptr;
-    const char* name = nullptr;
-    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint32_t dims = 0;
-    uint64_t byte_size = 0;
-    uint32_t buffers = 0;
-    failure = Failure(TRITONBACKEND_RequestInputByIndex(request, i, &input));
-    if (failure.empty()) {
-      failure = Failure(TRITONBACKEND_InputProperties(input, &name, &datatype, &shape, &dims, &byte_size, &buffers));
-    }
-    if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddInput(child, name, datatype, shape, dims));
-    for (uint32_t b = 0; failure.empty() && b < buffers; ++b) {
-      const void* data = nullptr;
-      uint64_t size = 0;
-      TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-      int64_t memory_type_id = 0;
-      failure = Failure(TRITONBACKEND_InputBuffer(input, b, &data, &size, &memory_type, &memory_type_id));
-      if (failure.empty()) {
-        failure = Failure(
-            TRITONSERVER_InferenceRequestAppendInputData(child, name, data, size, memory_type, memory_type_id));
-      }
-    }
-  }
-
-  count = 0;
-  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestParameterCount(request, &count));
-  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
-    const char* key = nullptr;
-    TRITONSERVER_ParameterType type = TRITONSERVER_PARAMETER_STRING;
-    const void* value = nullptr;
-    failure = Failure(TRITONBACKEND_RequestParameter(request, i, &key, &type, &value));
-    if (!failure.empty()) break;
-    if (std::strcmp(key, kStreamParameter) == 0 || std::strcmp(key, kSocketParameter) == 0 ||
-        std::strcmp(key, kTokenParameter) == 0) {
-      return std::string("INVALID:") + key + " is not an input of this model";
-    }
-    switch (type) {
-      case TRITONSERVER_PARAMETER_STRING:
-        failure = Failure(TRITONSERVER_InferenceRequestSetStringParameter(child, key, static_cast<const char*>(value)));
-        break;
-      case TRITONSERVER_PARAMETER_INT:
-        failure = Failure(TRITONSERVER_InferenceRequestSetIntParameter(child, key, *static_cast<const int64_t*>(value)));
-        break;
-      case TRITONSERVER_PARAMETER_BOOL:
-        failure = Failure(TRITONSERVER_InferenceRequestSetBoolParameter(child, key, *static_cast<const bool*>(value)));
-        break;
-      case TRITONSERVER_PARAMETER_DOUBLE:
-        failure = Failure(TRITONSERVER_InferenceRequestSetDoubleParameter(child, key, *static_cast<const double*>(value)));
-        break;
-      default:  // no frontend makes one; refused rather than dropped
-        return std::string("INVALID:") + key + ": binary request parameters are not supported";
-    }
-  }
+  failure = CopyRequest(request, child, {kStreamParameter, kSocketParameter, kTokenParameter});
   if (failure.empty()) {
     failure = Failure(TRITONSERVER_InferenceRequestSetIntParameter(child, kStreamParameter,
                                                                    static_cast<int64_t>(stream->id)));

@@ -44,7 +44,7 @@ from engine_build.repository import engine_is_relayed, relay_include_dir
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
-from testkit.processes import ENGINE_RELAY_THREAD, RELAY_THREAD, cpu_seconds
+from testkit.processes import ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
 from testkit.stats import percentile
 
 STREAM_TOKENS = 256
@@ -120,11 +120,14 @@ def _first_token_p50_ms(run: LoadRun) -> float:
 def _ensemble_cpu_rows(label: str, run: LoadRun) -> list[Row]:
     """Where an ensemble run's CPU goes, per streamed token: its Python steps (every postprocessing call is one
     engine response), tritonserver (the ensemble scheduler, the HTTP frontend, the Python backend's side of each
-    step, the engine relay's thread) and the engine stand-in."""
+    step, the engine relay's thread), of it the handoff's senders (where Triton schedules the ensemble's steps for
+    each engine response), and the engine stand-in."""
     rows = [Row(f"{label}: CPU per token, ensemble's {step}", _cpu_us_per_token(run, prefix), "µs")
             for step, prefix in ENSEMBLE_STEPS]
     rows.append(Row(f"{label}: CPU per token, tritonserver (ensemble run; incl. the engine relay)",
                     _cpu_us_per_token(run, "tritonserver"), "µs"))
+    rows.append(Row(f"{label}: CPU per token, of it the handoff's sender threads", _cpu_us_per_token(run, HANDOFF_THREAD),
+                    "µs"))
     rows.append(Row(f"{label}: CPU per token, engine (ensemble run; Python + its relay)", _engine_cpu_us_per_token(run),
                     "µs"))
     return rows

@@ -248,3 +248,16 @@ def test_the_embedded_repository_passes_and_its_guided_decoding_file_is_checked(
     assert "tensorrt_llm: 1/xgrammar_tokenizer_info.json: encoded_vocab must be a list of strings: nlohmann::json " \
            "throws at load" in problems
     assert any("tokenizer_str must be a string" in p for p in problems)
+
+
+def test_a_relayed_trtllm_repository_passes_and_its_handoff_is_checked(tmp_path, tokenizer_dir):
+    """Where the relay is built, the ensemble reaches the C++ backend's engine through the handoff (relay/handoff.h):
+    the repository passes, and a handoff naming a model the repository lacks is named."""
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="trtllm", tokenizer_dir=tokenizer_dir, target=tmp_path / "target-engine", engines_built=False,
+        relay="on"))
+    report = check_repository(repo)
+    assert report.ok, report.problems
+    problems = _broken(repo, tmp_path, _edit_config("tensorrt_llm_handoff", 'string_value: "tensorrt_llm"',
+                                                    'string_value: "tensorrt_llm_gone"'))
+    assert "tensorrt_llm_handoff: handoff_to names 'tensorrt_llm_gone', which the repository does not have" in problems

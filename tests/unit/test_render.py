@@ -58,7 +58,7 @@ def test_embedded_repository_renders_every_model(tmp_path):
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft, relay="on"))
     models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls",
-              "tensorrt_llm_bls_python"}
+              "tensorrt_llm_bls_python", "tensorrt_llm_handoff"}
     assert set(read_manifest(repo)["models"]) == models
     for name in models:
         config = parse_model_config((repo / name / "config.pbtxt").read_text(), name)

@@ -1,6 +1,7 @@
-"""The ensemble's Python steps in a built repository: instances sized from the host's cores (overridable from the
-command line, as `make repo PREPROCESSING_INSTANCES=... POSTPROCESSING_INSTANCES=...` passes them) and
-postprocessing's batching of every stream's tokens."""
+"""The ensemble's sizing in a built repository: its Python steps' instances and the handoff's sender threads sized
+from the host's cores (overridable from the command line, as `make repo PREPROCESSING_INSTANCES=...
+POSTPROCESSING_INSTANCES=... HANDOFF_SENDER_THREADS=...` passes them), postprocessing's batching of every stream's
+tokens, and the handoff in front of the engine where the relay is built."""
 
 from argparse import Namespace
 
@@ -9,24 +10,26 @@ import pytest
 from engine_build.settings_args import text_instance_settings
 from engine_build.render import parse_model_config
 from engine_build.repository import (
-    RepositorySettings, assemble_repository, default_postprocessing_instance_count, default_preprocessing_instance_count,
-    read_manifest,
+    HANDOFF_MODEL, RELAY_LIBRARY, TARGET_MODEL, RepositorySettings, assemble_repository, default_handoff_sender_threads, default_postprocessing_instance_count,
+    default_preprocessing_instance_count, read_manifest,
 )
 from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
 
 def test_instances_follow_the_host_cores():
-    """One of each per 4 cores, 1 to 8: a 2-core machine keeps one of each, a 16-core GPU host gets 4 (measured
-    best there for postprocessing: docs/benchmarks.md)."""
+    """preprocessing (once per request) and the handoff's senders: one per 4 cores, 1 to 8; postprocessing (once per
+    token): one per 2 cores, 1 to 16. A 2-core machine keeps one of each; a 16-core GPU host gets 4, 8 and 4
+    (measured there: docs/benchmarks.md)."""
     cpus = (1, 2, 4, 8, 16, 32, 64)
     assert [default_preprocessing_instance_count(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
-    assert [default_postprocessing_instance_count(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
+    assert [default_postprocessing_instance_count(n) for n in cpus] == [1, 1, 2, 4, 8, 16, 16]
+    assert [default_handoff_sender_threads(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
 
 
-def _repository(tmp_path, **settings):
+def _repository(tmp_path, relay="off", **settings):
     return assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        relay="off", **settings))
+        relay=relay, **settings))
 
 
 def _config(repo, model):
@@ -42,13 +45,42 @@ def test_default_repository_sizes_its_text_steps_from_this_host(tmp_path):
 
 
 def test_command_line_instances_reach_the_configs(tmp_path):
-    repo = _repository(tmp_path, **text_instance_settings(
-        Namespace(preprocessing_instances=3, postprocessing_instances=5)))
+    repo = _repository(tmp_path, relay="on", **text_instance_settings(
+        Namespace(preprocessing_instances=3, postprocessing_instances=5, handoff_sender_threads=6)))
     assert _config(repo, "preprocessing").instance_group[0].count == 3
     assert _config(repo, "postprocessing").instance_group[0].count == 5
-    assert text_instance_settings(Namespace(preprocessing_instances=None, postprocessing_instances=None)) == {}
+    assert _config(repo, HANDOFF_MODEL).parameters["sender_threads"].string_value == "6"
+    unset = dict(preprocessing_instances=None, postprocessing_instances=None, handoff_sender_threads=None)
+    assert text_instance_settings(Namespace(**unset)) == {}
     with pytest.raises(SystemExit, match="--postprocessing-instances must be at least 1"):
-        text_instance_settings(Namespace(preprocessing_instances=None, postprocessing_instances=0))
+        text_instance_settings(Namespace(**{**unset, "postprocessing_instances": 0}))
+    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 1"):
+        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0}))
+
+
+def _ensemble_engine_step(repo) -> str:
+    steps = _config(repo, "ensemble").ensemble_scheduling.step
+    return next(step.model_name for step in steps if "_TOKENS_BATCH" in step.output_map.values())
+
+
+def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
+    """Where the relay is built, the ensemble's engine step is the handoff (the engine's tensors, decoupled, sender
+    threads sized from this host), which forwards to tensorrt_llm; in-process (RELAY=off), the engine itself."""
+    (tmp_path / "relayed").mkdir()
+    (tmp_path / "in_process").mkdir()
+    relayed = _repository(tmp_path / "relayed", relay="on")
+    assert _ensemble_engine_step(relayed) == HANDOFF_MODEL
+    handoff = _config(relayed, HANDOFF_MODEL)
+    engine = _config(relayed, TARGET_MODEL)
+    assert handoff.backend == "llama3_relay" and handoff.model_transaction_policy.decoupled
+    assert handoff.parameters["handoff_to"].string_value == TARGET_MODEL
+    assert handoff.parameters["sender_threads"].string_value == str(default_handoff_sender_threads())
+    assert [(t.name, t.data_type) for t in handoff.output] == [(t.name, t.data_type) for t in engine.output]
+    assert [(t.name, t.data_type) for t in handoff.input] == [(t.name, t.data_type) for t in engine.input]
+    assert handoff.max_batch_size == engine.max_batch_size
+    assert (relayed / HANDOFF_MODEL / "1" / RELAY_LIBRARY).is_file()
+    in_process = _repository(tmp_path / "in_process", relay="off")
+    assert _ensemble_engine_step(in_process) == TARGET_MODEL and not (in_process / HANDOFF_MODEL).exists()
 
 
 def test_postprocessing_batches_streams_for_at_most_its_delay(tmp_path):

@@ -1,0 +1,284 @@
+// The handoff (handoff.h): the ensemble's requests forwarded to the engine, the engine's responses re-sent from the
+// sender threads.
+#include "handoff.h"
+
+#include <cstring>
+
+namespace llama3_relay {
+
+struct HandoffStream {
+  Handoff* handoff = nullptr;
+  TRITONBACKEND_ModelInstance* instance = nullptr;  // reports the request's statistics
+  TRITONBACKEND_Request* request = nullptr;  // the ensemble's: its inputs back the engine request's
+  TRITONBACKEND_ResponseFactory* factory = nullptr;  // null once the final response has gone
+  TRITONSERVER_InferenceRequest* engine_request = nullptr;
+  size_t sender = 0;  // every response of the stream goes through this sender, in order
+  uint64_t arrived_ns = 0;
+  bool failed = false;
+  bool cancel_passed_on = false;
+  // The final response sent and the engine request released: the second of the two forgets the stream.
+  std::atomic<int> remaining{2};
+};
+
+namespace {
+
+TRITONSERVER_Error* InvalidConfig(const std::string& message) {
+  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, ("llama3_relay: " + message).c_str());
+}
+
+// The final response with the error, or the final flag alone when even that cannot be sent (logged).
+void SendError(HandoffStream* stream, TRITONSERVER_Error_Code code, const std::string& message) {
+  stream->failed = true;
+  TRITONBACKEND_Response* response = nullptr;
+  TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
+  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
+  if (failure.empty()) failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+  if (!failure.empty()) {
+    Log(TRITONSERVER_LOG_ERROR, "cannot send the error \"" + message + "\": " + failure);
+    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+  }
+  TRITONSERVER_ErrorDelete(error);
+}
+
+// The engine response's outputs, copied into a response of the stream's, sent with `flags`; "" or why not.
+std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine_response, uint32_t flags) {
+  TRITONBACKEND_Response* response = nullptr;
+  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
+  uint32_t count = 0;
+  if (failure.empty()) failure = Failure(TRITONSERVER_InferenceResponseOutputCount(engine_response, &count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    const char* name = nullptr;
+    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
+    const int64_t* shape = nullptr;
+    uint64_t dims = 0;
+    const void* base = nullptr;
+    size_t byte_size = 0;
+    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+    int64_t memory_type_id = 0;
+    void* userp = nullptr;
+    failure = Failure(TRITONSERVER_InferenceResponseOutput(engine_response, i, &name, &datatype, &shape, &dims, &base,
+                                                           &byte_size, &memory_type, &memory_type_id, &userp));
+    TRITONBACKEND_Output* output = nullptr;
+    if (failure.empty()) {
+      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, static_cast<uint32_t>(dims)));
+    }
+    void* buffer = nullptr;
+    TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
+    int64_t buffer_type_id = 0;
+    if (failure.empty() && byte_size != 0) {
+      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
+      // The engine's outputs are on the heap (our allocator); the ensemble's buffers are in CPU memory (its
+      // allocator honours the preferred type, CPU here).
+      if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) failure = std::string("output ") + name + " got GPU memory";
+      if (failure.empty()) std::memcpy(buffer, base, byte_size);
+    }
+  }
+  if (failure.empty()) {
+    failure = Failure(TRITONBACKEND_ResponseSend(response, flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr));
+  } else if (response != nullptr) {
+    LogFailure(TRITONBACKEND_ResponseDelete(response), "response");
+  }
+  return failure;
+}
+
+}  // namespace
+
+TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
+                                    Handoff** out) {
+  std::unique_ptr<Handoff> handoff(new Handoff());
+  const char* name = nullptr;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name);
+  if (error != nullptr) return error;
+  handoff->model_name_ = name;
+  if (engine == handoff->model_name_) return InvalidConfig("handoff_to names this model itself (" + engine + ")");
+  if (sender_threads == 0) return InvalidConfig("sender_threads must be at least 1");
+  handoff->engine_ = engine;
+  error = TRITONBACKEND_ModelServer(model, &handoff->server_);
+  if (error != nullptr) return error;
+  error = NewEngineAllocator(&handoff->allocator_);
+  if (error != nullptr) return error;
+  for (uint32_t i = 0; i < sender_threads; ++i) {
+    handoff->senders_.push_back(std::make_unique<Sender>());
+    Sender* sender = handoff->senders_.back().get();
+    sender->thread = std::thread([raw = handoff.get(), sender] { raw->Send(sender); });
+    // The bench counts these threads' CPU by name (testkit/processes.py).
+    pthread_setname_np(sender->thread.native_handle(), "handoff_sender");
+  }
+  Log(TRITONSERVER_LOG_INFO, handoff->model_name_ + ": forwards to " + engine + ", its responses re-sent from " +
+                                 std::to_string(sender_threads) + " sender thread(s)");
+  *out = handoff.release();
+  return nullptr;
+}
+
+Handoff::~Handoff() {
+  stopping_ = true;
+  for (auto& sender : senders_) {
+    {
+      std::lock_guard<std::mutex> lock(sender->mutex);
+    }
+    sender->ready.notify_all();
+  }
+  for (auto& sender : senders_) {
+    if (sender->thread.joinable()) sender->thread.join();
+  }
+  if (allocator_ != nullptr) LogFailure(TRITONSERVER_ResponseAllocatorDelete(allocator_), "allocator");
+}
+
+bool Handoff::StopAll() {
+  // Triton unloads a model once its requests are released, and a stream's request is released last: what is left
+  // is at most a sender returning from it.
+  const auto deadline = std::chrono::steady_clock::now() + kUnloadWait;
+  while (in_flight_ != 0) {
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return true;
+}
+
+void Handoff::Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) {
+  const uint64_t start = NowNs();
+  for (uint32_t i = 0; i < count; ++i) Forward(instance, requests[i]);
+  const uint64_t end = NowNs();
+  LogFailure(TRITONBACKEND_ModelInstanceReportBatchStatistics(instance, count, start, start, end, end), "statistics");
+}
+
+void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request) {
+  auto stream = std::make_unique<HandoffStream>();
+  stream->handoff = this;
+  stream->instance = instance;
+  stream->request = request;
+  stream->arrived_ns = NowNs();
+  stream->sender = next_stream_++ % senders_.size();
+  const std::string factory_failure = Failure(TRITONBACKEND_ResponseFactoryNew(&stream->factory, request));
+  if (!factory_failure.empty()) {  // no way to answer: Triton fails a request released without a response
+    Log(TRITONSERVER_LOG_ERROR, "cannot answer a request: " + factory_failure);
+    LogFailure(TRITONBACKEND_RequestRelease(request, TRITONSERVER_REQUEST_RELEASE_ALL), "release");
+    return;
+  }
+  ++in_flight_;
+  const std::string failure = Start(stream.get());
+  if (failure.empty()) {
+    stream.release();  // the engine's callbacks own it now
+    return;
+  }
+  if (stream->engine_request != nullptr) {  // Triton did not take it: ours to delete
+    LogFailure(TRITONSERVER_InferenceRequestDelete(stream->engine_request), "engine request");
+  }
+  const bool invalid = failure.rfind("INVALID:", 0) == 0;
+  SendError(stream.get(), invalid ? TRITONSERVER_ERROR_INVALID_ARG : TRITONSERVER_ERROR_UNAVAILABLE,
+            invalid ? failure.substr(8) : model_name_ + ": " + failure);
+  LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
+  ReleaseAll({{instance, request, false, stream->arrived_ns}});
+  --in_flight_;
+}
+
+// Builds the engine request and hands it to Triton; "" or why not ("INVALID:" + the message for the client's own
+// mistakes).
+std::string Handoff::Start(HandoffStream* stream) {
+  TRITONBACKEND_Request* request = stream->request;
+  std::string failure = Failure(TRITONSERVER_InferenceRequestNew(&stream->engine_request, server_, engine_.c_str(), -1));
+  if (!failure.empty()) return failure;
+  TRITONSERVER_InferenceRequest* engine_request = stream->engine_request;
+  failure = CopyRequest(request, engine_request, {});
+  uint32_t count = 0;
+  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestOutputCount(request, &count));
+  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
+    const char* name = nullptr;
+    failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
+    if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
+  }
+  uint64_t correlation_id = 0;
+  uint32_t flags = 0;
+  uint64_t timeout_us = 0;
+  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestCorrelationId(request, &correlation_id));
+  if (failure.empty() && correlation_id != 0) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetCorrelationId(engine_request, correlation_id));
+  }
+  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestFlags(request, &flags));
+  if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestSetFlags(engine_request, flags));
+  if (failure.empty()) failure = Failure(TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &timeout_us));
+  if (failure.empty() && timeout_us != 0) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetTimeoutMicroseconds(engine_request, timeout_us));
+  }
+  if (failure.empty()) {
+    failure = Failure(TRITONSERVER_InferenceRequestSetReleaseCallback(engine_request, OnEngineReleased, stream));
+  }
+  if (failure.empty()) {
+    failure = Failure(
+        TRITONSERVER_InferenceRequestSetResponseCallback(engine_request, allocator_, nullptr, OnEngineResponse, stream));
+  }
+  if (!failure.empty()) return failure;
+  // From here Triton owns the engine request, and its callbacks may run before InferAsync returns.
+  failure = Failure(TRITONSERVER_ServerInferAsync(server_, engine_request, nullptr));
+  return failure.empty() ? "" : engine_ + ": " + failure;
+}
+
+// On the engine's response thread: as little as can be.
+void Handoff::OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
+  HandoffStream* stream = static_cast<HandoffStream*>(userp);
+  Sender* sender = stream->handoff->senders_[stream->sender].get();
+  {
+    std::lock_guard<std::mutex> lock(sender->mutex);
+    sender->queue.push_back({stream, response, flags});
+  }
+  sender->ready.notify_one();
+}
+
+void Handoff::OnEngineReleased(TRITONSERVER_InferenceRequest*, const uint32_t, void* userp) {
+  HandoffStream* stream = static_cast<HandoffStream*>(userp);
+  stream->handoff->Done(stream);
+}
+
+void Handoff::Send(Sender* sender) {
+  std::deque<Delivery> batch;
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(sender->mutex);
+      sender->ready.wait(lock, [&] { return stopping_ || !sender->queue.empty(); });
+      if (sender->queue.empty()) return;  // stopping, nothing left
+      batch.swap(sender->queue);
+    }
+    for (const Delivery& delivery : batch) Deliver(delivery);
+    batch.clear();
+  }
+}
+
+void Handoff::Deliver(const Delivery& delivery) {
+  HandoffStream* stream = delivery.stream;
+  const bool final = (delivery.flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  if (stream->factory != nullptr) {
+    bool cancelled = false;
+    LogFailure(TRITONBACKEND_ResponseFactoryIsCancelled(stream->factory, &cancelled), "cancellation");
+    if (cancelled && !final && !stream->cancel_passed_on) {
+      stream->cancel_passed_on = true;
+      LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
+    }
+    TRITONSERVER_Error* error =
+        delivery.response == nullptr ? nullptr : TRITONSERVER_InferenceResponseError(delivery.response);
+    if (error != nullptr) {  // owned by the response: not deleted here
+      SendError(stream, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
+    } else if (delivery.response != nullptr) {
+      const std::string failure = Resend(stream, delivery.response, delivery.flags);
+      if (!failure.empty()) SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
+    } else if (final) {
+      LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+    }
+    // SendError ends the stream; so does the engine's final response.
+    if (stream->failed || final) {
+      LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
+      stream->factory = nullptr;
+    }
+  }
+  if (delivery.response != nullptr) LogFailure(TRITONSERVER_InferenceResponseDelete(delivery.response), "engine response");
+  if (final) Done(stream);
+}
+
+void Handoff::Done(HandoffStream* stream) {
+  if (--stream->remaining != 0) return;
+  LogFailure(TRITONSERVER_InferenceRequestDelete(stream->engine_request), "engine request");
+  ReleaseAll({{stream->instance, stream->request, !stream->failed, stream->arrived_ns}});
+  delete stream;
+  --in_flight_;
+}
+
+}  // namespace llama3_relay

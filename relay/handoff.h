@@ -1,0 +1,72 @@
+// The handoff: the ensemble's engine step (tensorrt_llm_handoff in a built repository, relay/handoff.config.pbtxt).
+//
+// Why: Triton runs an ensemble's scheduling of each response of a step inside the ResponseSend that sends it, on
+// the sender's thread (core's EnsembleContext::ResponseComplete: the response's tensors, the next step's request
+// and its enqueue; a decoupled step's callbacks stay on that thread in later servers too, to keep their order).
+// The engine sends every stream's responses from one thread (TensorRT-LLM's backend has one response thread per
+// model instance), so that work, which grows with the 20 outputs of the 1.2 engine the ensemble maps, is done
+// serially for all streams and caps what the ensemble streams (docs/benchmarks.md, "The ensemble on a many-core
+// host").
+//
+// What it does: each request is forwarded unchanged (inputs by reference, requested outputs, id, correlation id,
+// flags, timeout, parameters) to the engine (config parameter `handoff_to`) in-process. The engine's thread only
+// queues each of its responses; `sender_threads` threads re-send them on the ensemble's request, which runs the
+// ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. Errors are
+// passed on as they are; the ensemble's cancellation (checked before each response is re-sent) is passed on to
+// the engine request.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+
+#include "relay.h"
+
+namespace llama3_relay {
+
+struct HandoffStream;
+
+class Handoff : public ModelRole {
+ public:
+  static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
+                                    Handoff** handoff);
+  ~Handoff() override;
+
+  void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) override;
+  bool StopAll() override;
+
+ private:
+  // An engine response (null with the final flag alone) on its way to a sender.
+  struct Delivery {
+    HandoffStream* stream;
+    TRITONSERVER_InferenceResponse* response;
+    uint32_t flags;
+  };
+  struct Sender {
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<Delivery> queue;
+    std::thread thread;
+  };
+
+  Handoff() = default;
+  void Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request);
+  std::string Start(HandoffStream* stream);
+  void Send(Sender* sender);
+  void Deliver(const Delivery& delivery);
+  static void OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
+  static void OnEngineReleased(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
+  // Once the engine request is released and the stream's final response has gone: the stream is forgotten and the
+  // ensemble's request released.
+  void Done(HandoffStream* stream);
+
+  TRITONSERVER_Server* server_ = nullptr;
+  std::string model_name_;
+  std::string engine_;
+  TRITONSERVER_ResponseAllocator* allocator_ = nullptr;  // the engine's outputs, on the heap (engine_calls.cc)
+  std::vector<std::unique_ptr<Sender>> senders_;
+  std::atomic<uint64_t> next_stream_{0};
+  std::atomic<uint64_t> in_flight_{0};
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace llama3_relay
