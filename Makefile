@@ -65,7 +65,8 @@ BLS_INSTANCES ?=
 PREPROCESSING_INSTANCES ?=
 POSTPROCESSING_INSTANCES ?=
 # Relayed repositories: threads that re-send the engine's responses to the ensemble, where Triton schedules the
-# ensemble's next step (relay/handoff.h); default: one per 4 cores of the host that runs `make repo`, 1 to 8.
+# ensemble's next step (relay/handoff.h); 0: the ensemble calls the engine directly. Default: one per 4 cores of
+# the host that runs `make repo`, up to 8; 0 below 8 cores.
 HANDOFF_SENDER_THREADS ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1

@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
                             "host, 1 to 16)")
         p.add_argument("--handoff-sender-threads", type=int,
                        help="relayed repositories: threads re-sending the engine's responses to the ensemble "
-                            "(relay/handoff.h; default: one per 4 cores of this host, 1 to 8)")
+                            "(relay/handoff.h); 0: the ensemble calls the engine directly (default: one per 4 cores "
+                            "of this host, up to 8; 0 below 8 cores)")
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")

@@ -90,10 +90,12 @@ def default_postprocessing_instance_count(cpus: int | None = None) -> int:
 
 def default_handoff_sender_threads(cpus: int | None = None) -> int:
     """The handoff's sender threads (relay/handoff.h): each runs Triton's ensemble scheduling of the engine responses
-    of the streams it serves, about 40 µs a token on a GPU host's core (docs/benchmarks.md). One per 4 cores of the
-    building host, 1 to 8."""
+    of the streams it serves, 70-85 µs a token on a GPU host (docs/benchmarks.md). One per 4 cores of the building
+    host, up to 8; none below 8 cores, where the ensemble calls the engine directly: measured on 2 cores, one
+    postprocessing instance caps the ensemble there and a handoff only adds CPU (2-12 % of tritonserver's per
+    token)."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return max(1, min(8, cpus // 4))
+    return 0 if cpus < 8 else min(8, cpus // 4)
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ class RepositorySettings:
     max_queue_size: int = 256
     preprocessing_instance_count: int = field(default_factory=lambda: default_preprocessing_instance_count())
     postprocessing_instance_count: int = field(default_factory=lambda: default_postprocessing_instance_count())
+    # Relayed repositories: the ensemble reaches the engine through the handoff with this many sender threads; 0:
+    # directly, as NVIDIA's ensemble does.
     handoff_sender_threads: int = field(default_factory=lambda: default_handoff_sender_threads())
     # How long a streamed token may wait in postprocessing's queue for others to batch with (its config says why).
     postprocessing_max_queue_delay_microseconds: int = 1000
@@ -206,10 +210,11 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
     })
+    handoff = relayed and settings.handoff_sender_threads > 0
     _write_model(out, "ensemble", vendored=(), values={
         "triton_max_batch_size": settings.triton_max_batch_size,
-        # Relayed, the ensemble reaches the engine through the handoff (relay/handoff.h says why).
-        "tensorrt_llm_model_name": HANDOFF_MODEL if relayed else TARGET_MODEL,
+        # Through the handoff, where there is one (relay/handoff.h says why).
+        "tensorrt_llm_model_name": HANDOFF_MODEL if handoff else TARGET_MODEL,
     })
     _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_MODEL,
                  contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
@@ -235,13 +240,15 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
             "engine_models": ",".join(engine_models),  # the only models its engine calls may name
         })
         compile_relay(relay / "1" / RELAY_LIBRARY)
-        handoff = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG, values={
+    if handoff:
+        handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
+                                   contract_name=TARGET_MODEL, values={
             "model_name": HANDOFF_MODEL,
             "triton_max_batch_size": settings.triton_max_batch_size,
             "handoff_to": TARGET_MODEL,
             "sender_threads": settings.handoff_sender_threads,
-        }, contract_name=TARGET_MODEL)
-        compile_relay(handoff / "1" / RELAY_LIBRARY)
+        })
+        compile_relay(handoff_dir / "1" / RELAY_LIBRARY)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings, relayed)

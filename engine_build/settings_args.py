@@ -21,13 +21,14 @@ def text_instance_settings(args) -> dict:
     """The ensemble's sizing from the command line, where given (else RepositorySettings' host-sized defaults):
     preprocessing's and postprocessing's instance counts and the handoff's sender threads."""
     settings = {}
-    for option, key in (("preprocessing_instances", "preprocessing_instance_count"),
-                        ("postprocessing_instances", "postprocessing_instance_count"),
-                        ("handoff_sender_threads", "handoff_sender_threads")):
+    # (option, settings key, the least it may be: no handoff is a choice, no postprocessing is not)
+    for option, key, least in (("preprocessing_instances", "preprocessing_instance_count", 1),
+                               ("postprocessing_instances", "postprocessing_instance_count", 1),
+                               ("handoff_sender_threads", "handoff_sender_threads", 0)):
         count = getattr(args, option)
         if count is None:
             continue
-        if count < 1:
-            raise SystemExit(f"--{option.replace('_', '-')} must be at least 1 (got {count})")
+        if count < least:
+            raise SystemExit(f"--{option.replace('_', '-')} must be at least {least} (got {count})")
         settings[key] = count
     return settings

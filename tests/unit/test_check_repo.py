@@ -255,7 +255,7 @@ def test_a_relayed_trtllm_repository_passes_and_its_handoff_is_checked(tmp_path,
     the repository passes, and a handoff naming a model the repository lacks is named."""
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="trtllm", tokenizer_dir=tokenizer_dir, target=tmp_path / "target-engine", engines_built=False,
-        relay="on"))
+        relay="on", handoff_sender_threads=4))
     report = check_repository(repo)
     assert report.ok, report.problems
     problems = _broken(repo, tmp_path, _edit_config("tensorrt_llm_handoff", 'string_value: "tensorrt_llm"',

@@ -56,7 +56,8 @@ def test_embedded_repository_renders_every_model(tmp_path):
     target = _fake_checkpoint(tmp_path / "target")
     draft = _fake_checkpoint(tmp_path / "draft")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft, relay="on"))
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft, relay="on",
+        handoff_sender_threads=1))
     models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls",
               "tensorrt_llm_bls_python", "tensorrt_llm_handoff"}
     assert set(read_manifest(repo)["models"]) == models

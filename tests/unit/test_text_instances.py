@@ -17,13 +17,13 @@ from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
 
 def test_instances_follow_the_host_cores():
-    """preprocessing (once per request) and the handoff's senders: one per 4 cores, 1 to 8; postprocessing (once per
-    token): one per 2 cores, 1 to 16. A 2-core machine keeps one of each; a 16-core GPU host gets 4, 8 and 4
-    (measured there: docs/benchmarks.md)."""
+    """preprocessing (once per request): one per 4 cores, 1 to 8; postprocessing (once per token): one per 2 cores, 1
+    to 16; the handoff's senders: one per 4 cores, up to 8, none below 8 cores. A 2-core machine keeps one of each
+    step and no handoff; a 16-core GPU host gets 4, 8 and 4 (measured on both: docs/benchmarks.md)."""
     cpus = (1, 2, 4, 8, 16, 32, 64)
     assert [default_preprocessing_instance_count(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
     assert [default_postprocessing_instance_count(n) for n in cpus] == [1, 1, 2, 4, 8, 16, 16]
-    assert [default_handoff_sender_threads(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
+    assert [default_handoff_sender_threads(n) for n in cpus] == [0, 0, 0, 2, 4, 8, 8]
 
 
 def _repository(tmp_path, relay="off", **settings):
@@ -54,8 +54,9 @@ def test_command_line_instances_reach_the_configs(tmp_path):
     assert text_instance_settings(Namespace(**unset)) == {}
     with pytest.raises(SystemExit, match="--postprocessing-instances must be at least 1"):
         text_instance_settings(Namespace(**{**unset, "postprocessing_instances": 0}))
-    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 1"):
-        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0}))
+    assert text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0})) == {"handoff_sender_threads": 0}
+    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 0"):
+        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": -1}))
 
 
 def _ensemble_engine_step(repo) -> str:
@@ -64,32 +65,22 @@ def _ensemble_engine_step(repo) -> str:
 
 
 def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
-    """Where the relay is built, the ensemble's engine step is the handoff (the engine's tensors, decoupled, sender
-    threads sized from this host), which forwards to tensorrt_llm; in-process (RELAY=off), the engine itself."""
-    (tmp_path / "relayed").mkdir()
-    (tmp_path / "in_process").mkdir()
-    relayed = _repository(tmp_path / "relayed", relay="on")
+    """Where the relay is built and the handoff has sender threads, the ensemble's engine step is the handoff (the
+    engine's tensors, decoupled), which forwards to tensorrt_llm; without threads (hosts under 8 cores by default) or
+    in-process (RELAY=off), the engine itself."""
+    for name in ("relayed", "direct", "in_process"):
+        (tmp_path / name).mkdir()
+    relayed = _repository(tmp_path / "relayed", relay="on", handoff_sender_threads=3)
     assert _ensemble_engine_step(relayed) == HANDOFF_MODEL
     handoff = _config(relayed, HANDOFF_MODEL)
     engine = _config(relayed, TARGET_MODEL)
     assert handoff.backend == "llama3_relay" and handoff.model_transaction_policy.decoupled
     assert handoff.parameters["handoff_to"].string_value == TARGET_MODEL
-    assert handoff.parameters["sender_threads"].string_value == str(default_handoff_sender_threads())
+    assert handoff.parameters["sender_threads"].string_value == "3"
     assert [(t.name, t.data_type) for t in handoff.output] == [(t.name, t.data_type) for t in engine.output]
     assert [(t.name, t.data_type) for t in handoff.input] == [(t.name, t.data_type) for t in engine.input]
     assert handoff.max_batch_size == engine.max_batch_size
     assert (relayed / HANDOFF_MODEL / "1" / RELAY_LIBRARY).is_file()
-    in_process = _repository(tmp_path / "in_process", relay="off")
-    assert _ensemble_engine_step(in_process) == TARGET_MODEL and not (in_process / HANDOFF_MODEL).exists()
-
-
-def test_postprocessing_batches_streams_for_at_most_its_delay(tmp_path):
-    """A batch of up to max_batch_size requests (every stream's token of an engine step), held at most the delay;
-    preprocessing keeps the repository's queue delay and its bounded queue."""
-    repo = _repository(tmp_path, triton_max_batch_size=32, postprocessing_max_queue_delay_microseconds=700,
-                       max_queue_delay_microseconds=0)
-    post = _config(repo, "postprocessing").dynamic_batching
-    assert list(post.preferred_batch_size) == [32] and post.max_queue_delay_microseconds == 700
-    assert not post.HasField("default_queue_policy"), "a refused token would lose text mid-stream"
-    pre = _config(repo, "preprocessing").dynamic_batching
-    assert pre.max_queue_delay_microseconds == 0 and pre.default_queue_policy.max_queue_size == 256
+    for repo in (_repository(tmp_path / "direct", relay="on", handoff_sender_threads=0),
+                 _repository(tmp_path / "in_process", relay="off", handoff_sender_threads=3)):
+        assert _ensemble_engine_step(repo) == TARGET_MODEL and not (repo / HANDOFF_MODEL).exists()
