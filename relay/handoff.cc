@@ -81,6 +81,22 @@ std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine
   return failure;
 }
 
+// The request's correlation id, a number or a string (the backend API reads each kind apart); "" or why not.
+std::string CopyCorrelationId(TRITONBACKEND_Request* from, TRITONSERVER_InferenceRequest* to) {
+  uint64_t number = 0;
+  TRITONSERVER_Error* not_a_number = TRITONBACKEND_RequestCorrelationId(from, &number);
+  if (not_a_number == nullptr) {
+    return number == 0 ? "" : Failure(TRITONSERVER_InferenceRequestSetCorrelationId(to, number));
+  }
+  TRITONSERVER_ErrorDelete(not_a_number);
+  const char* text = nullptr;
+  std::string failure = Failure(TRITONBACKEND_RequestCorrelationIdString(from, &text));
+  if (failure.empty() && text != nullptr && text[0] != '\0') {
+    failure = Failure(TRITONSERVER_InferenceRequestSetCorrelationIdString(to, text));
+  }
+  return failure;
+}
+
 }  // namespace
 
 TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
@@ -187,13 +203,9 @@ std::string Handoff::Start(HandoffStream* stream) {
     failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
     if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
   }
-  uint64_t correlation_id = 0;
+  if (failure.empty()) failure = CopyCorrelationId(request, engine_request);
   uint32_t flags = 0;
   uint64_t timeout_us = 0;
-  if (failure.empty()) failure = Failure(TRITONBACKEND_RequestCorrelationId(request, &correlation_id));
-  if (failure.empty() && correlation_id != 0) {
-    failure = Failure(TRITONSERVER_InferenceRequestSetCorrelationId(engine_request, correlation_id));
-  }
   if (failure.empty()) failure = Failure(TRITONBACKEND_RequestFlags(request, &flags));
   if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestSetFlags(engine_request, flags));
   if (failure.empty()) failure = Failure(TRITONBACKEND_InferenceRequestTimeoutMicroseconds(request, &timeout_us));

@@ -30,8 +30,9 @@ class StreamResult:
 
 
 def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, request_id: str | None = None,
-                cancel_after: int | None = None, timeout: float = 120) -> StreamResult:
-    """One request over a gRPC stream. cancel_after=N: cancel the stream after N data responses."""
+                cancel_after: int | None = None, timeout: float = 120, sequence_id: int | str = 0) -> StreamResult:
+    """One request over a gRPC stream. cancel_after=N: cancel the stream after N data responses; sequence_id: the
+    request's correlation id (0: none)."""
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: events.put((result, error)))
@@ -40,6 +41,7 @@ def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, 
         client.async_stream_infer(
             model, [tensor(k, v) for k, v in inputs.items()], request_id=request_id or uuid.uuid4().hex,
             outputs=[grpcclient.InferRequestedOutput(o) for o in outputs], enable_empty_final_response=True,
+            sequence_id=sequence_id,
         )
         while True:
             response, error = events.get(timeout=timeout)

@@ -97,6 +97,19 @@ def test_a_batch_of_rows_keeps_each_rows_text(server):
     assert texts == alone
 
 
+@pytest.mark.parametrize("sequence_id", [42, "conversation-7"])
+def test_a_correlation_id_of_either_kind_is_carried_to_the_engine(server, sequence_id):
+    """The handoff copies the request's correlation id, a number or a string, onto the engine request: neither kind
+    fails the request."""
+    inputs = {"text_input": np.array([[PROMPTS[0].encode()]], dtype=object), "max_tokens": np.array([[6]], np.int32),
+              "end_id": np.array([[-1]], np.int32), "stream": np.array([[True]])}
+    result = grpc_stream(server.grpc_url, ENSEMBLE, inputs, ["text_output"], timeout=60, sequence_id=sequence_id)
+    assert result.error is None and result.completed, result.error
+    text = b"".join(b"".join(r["text_output"].reshape(-1)) for r in result.responses).decode()
+    assert text == generate(server.http_url, ENSEMBLE, {"text_input": PROMPTS[0], "max_tokens": 6,
+                                                        "end_id": -1})["text_output"]
+
+
 def test_an_engine_error_mid_generation_reaches_the_ensemble_client(server):
     with pytest.raises(HttpError, match="in ensemble 'ensemble', tensorrt_llm: internal error") as error:
         generate_stream(server.http_url, ENSEMBLE, {"text_input": "hi", "max_tokens": 10, "stream": True,
