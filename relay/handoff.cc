@@ -172,7 +172,10 @@ void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Reque
     return;
   }
   ++in_flight_;
-  const std::string failure = Start(stream.get());
+  bool cancelled = false;
+  LogFailure(TRITONBACKEND_RequestIsCancelled(request, &cancelled), "cancellation");
+  TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_CANCELLED;
+  const std::string failure = cancelled ? "the request was cancelled" : Start(stream.get(), &code);
   if (failure.empty()) {
     stream.release();  // the engine's callbacks own it now
     return;
@@ -180,22 +183,24 @@ void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Reque
   if (stream->engine_request != nullptr) {  // Triton did not take it: ours to delete
     LogFailure(TRITONSERVER_InferenceRequestDelete(stream->engine_request), "engine request");
   }
-  const bool invalid = failure.rfind("INVALID:", 0) == 0;
-  SendError(stream.get(), invalid ? TRITONSERVER_ERROR_INVALID_ARG : TRITONSERVER_ERROR_UNAVAILABLE,
-            invalid ? failure.substr(8) : model_name_ + ": " + failure);
+  SendError(stream.get(), code, failure);
   LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
   ReleaseAll({{instance, request, false, stream->arrived_ns}});
   --in_flight_;
 }
 
-// Builds the engine request and hands it to Triton; "" or why not ("INVALID:" + the message for the client's own
-// mistakes).
-std::string Handoff::Start(HandoffStream* stream) {
+std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code) {
   TRITONBACKEND_Request* request = stream->request;
+  *code = TRITONSERVER_ERROR_UNAVAILABLE;
   std::string failure = Failure(TRITONSERVER_InferenceRequestNew(&stream->engine_request, server_, engine_.c_str(), -1));
-  if (!failure.empty()) return failure;
   TRITONSERVER_InferenceRequest* engine_request = stream->engine_request;
-  failure = CopyRequest(request, engine_request, {});
+  if (failure.empty()) {
+    failure = CopyRequest(request, engine_request, {});
+    if (failure.rfind("INVALID:", 0) == 0) {  // the client's own mistake
+      *code = TRITONSERVER_ERROR_INVALID_ARG;
+      return failure.substr(8);
+    }
+  }
   uint32_t count = 0;
   if (failure.empty()) failure = Failure(TRITONBACKEND_RequestOutputCount(request, &count));
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
@@ -219,10 +224,15 @@ std::string Handoff::Start(HandoffStream* stream) {
     failure = Failure(
         TRITONSERVER_InferenceRequestSetResponseCallback(engine_request, allocator_, nullptr, OnEngineResponse, stream));
   }
-  if (!failure.empty()) return failure;
-  // From here Triton owns the engine request, and its callbacks may run before InferAsync returns.
-  failure = Failure(TRITONSERVER_ServerInferAsync(server_, engine_request, nullptr));
-  return failure.empty() ? "" : engine_ + ": " + failure;
+  if (!failure.empty()) return model_name_ + ": " + failure;
+  // From here Triton owns the engine request, and its callbacks may run before InferAsync returns. A refusal (the
+  // engine's queue full, an input it rejects, the engine not loaded) goes to the client as Triton words it.
+  TRITONSERVER_Error* refused = TRITONSERVER_ServerInferAsync(server_, engine_request, nullptr);
+  if (refused == nullptr) return "";
+  *code = TRITONSERVER_ErrorCode(refused);
+  failure = TRITONSERVER_ErrorMessage(refused);
+  TRITONSERVER_ErrorDelete(refused);
+  return failure.empty() ? engine_ + ": refused the request" : failure;
 }
 
 // On the engine's response thread: as little as can be.
@@ -271,7 +281,11 @@ void Handoff::Deliver(const Delivery& delivery) {
       SendError(stream, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
     } else if (delivery.response != nullptr) {
       const std::string failure = Resend(stream, delivery.response, delivery.flags);
-      if (!failure.empty()) SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
+      if (!failure.empty()) {
+        SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
+        // Nobody reads the rest: the engine stops.
+        if (!final) LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
+      }
     } else if (final) {
       LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
     }

@@ -12,8 +12,15 @@
 // flags, timeout, parameters) to the engine (config parameter `handoff_to`) in-process. The engine's thread only
 // queues each of its responses; `sender_threads` threads re-send them on the ensemble's request, which runs the
 // ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. Errors are
-// passed on as they are; the ensemble's cancellation (checked before each response is re-sent) is passed on to
-// the engine request.
+// passed on as they are. Cancellation: Triton's ensemble cancels a step request only when it schedules the step,
+// so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
+// later, before a response is re-sent (the engine request is cancelled). Request priority (no backend API reads
+// it) and traces are not carried.
+//
+// What Triton no longer knows: its model dependency graph is built from ensemble steps only, so with the handoff
+// the ensemble depends on the handoff, not on the engine. Loading `ensemble` alone (explicit model control) does
+// not load tensorrt_llm, and an engine that failed to load or was unloaded leaves the ensemble READY, its requests
+// failing with the engine's "not found" error (docs/operations.md, "Health and readiness").
 #pragma once
 
 #include <condition_variable>
@@ -50,7 +57,9 @@ class Handoff : public ModelRole {
 
   Handoff() = default;
   void Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request);
-  std::string Start(HandoffStream* stream);
+  // Builds the engine request and hands it to Triton: "" or why not, and the code its client gets (the engine's own
+  // refusal passes as it is).
+  std::string Start(HandoffStream* stream, TRITONSERVER_Error_Code* code);
   void Send(Sender* sender);
   void Deliver(const Delivery& delivery);
   static void OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);

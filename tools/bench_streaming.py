@@ -19,9 +19,10 @@ up and sends one response per token: its CPU per token there is what a GPU deplo
 are at 16, 64 and 256 streams unless `--paced-streams` names others; the first-token targets are at
 PACED_CONCURRENCY streams.
 
-The ensemble (Triton's preprocessing -> tensorrt_llm -> postprocessing) is measured beside the BLS in every run:
-its tok/s against the BLS's, its first token, and its CPU per token by process (its two Python steps,
-tritonserver, the engine), unpaced and paced.
+The ensemble (Triton's preprocessing -> tensorrt_llm -> postprocessing, through the handoff where the repository
+has one) is measured beside the BLS in every run: its tok/s against the BLS's, its first token, and its CPU per
+token by process (its two Python steps, tritonserver and of it the handoff's senders, the engine), unpaced and
+paced.
 
 Then the same at 64 and 256 streams with the BLS built with a stream interval of 4 (`make repo STREAM_INTERVAL=4`):
 what an operator gains by streaming fewer, larger responses. Last, the floor under any Python-backend model that

@@ -84,3 +84,15 @@ def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
     for repo in (_repository(tmp_path / "direct", relay="on", handoff_sender_threads=0),
                  _repository(tmp_path / "in_process", relay="off", handoff_sender_threads=3)):
         assert _ensemble_engine_step(repo) == TARGET_MODEL and not (repo / HANDOFF_MODEL).exists()
+
+
+def test_postprocessing_batches_streams_for_at_most_its_delay(tmp_path):
+    """A batch of up to max_batch_size requests (every stream's token of an engine step), held at most the delay;
+    preprocessing keeps the repository's queue delay and its bounded queue."""
+    repo = _repository(tmp_path, triton_max_batch_size=32, postprocessing_max_queue_delay_microseconds=700,
+                       max_queue_delay_microseconds=0)
+    post = _config(repo, "postprocessing").dynamic_batching
+    assert list(post.preferred_batch_size) == [32] and post.max_queue_delay_microseconds == 700
+    assert not post.HasField("default_queue_policy"), "a refused token would lose text mid-stream"
+    pre = _config(repo, "preprocessing").dynamic_batching
+    assert pre.max_queue_delay_microseconds == 0 and pre.default_queue_policy.max_queue_size == 256
