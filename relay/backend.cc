@@ -40,11 +40,30 @@ std::unordered_set<std::string> NameList(const std::string& text) {
   return names;
 }
 
+}  // namespace
+
 TRITONSERVER_Error* InvalidConfig(const std::string& message) {
   return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, ("llama3_relay: " + message).c_str());
 }
 
-}  // namespace
+void SendFinalError(TRITONBACKEND_ResponseFactory* factory, TRITONSERVER_Error_Code code, const std::string& message) {
+  TRITONBACKEND_Response* response = nullptr;
+  TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
+  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, factory));
+  if (failure.empty()) failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
+  if (!failure.empty()) {
+    Log(TRITONSERVER_LOG_ERROR, "cannot send the error \"" + message + "\": " + failure);
+    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+  }
+  TRITONSERVER_ErrorDelete(error);
+}
+
+std::string ReadOutput(TRITONSERVER_InferenceResponse* response, uint32_t index, ResponseOutput* output) {
+  void* userp = nullptr;
+  return Failure(TRITONSERVER_InferenceResponseOutput(response, index, &output->name, &output->datatype, &output->shape,
+                                                      &output->dims, &output->base, &output->byte_size,
+                                                      &output->memory_type, &output->memory_type_id, &userp));
+}
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message) {
   TRITONSERVER_Error* error = TRITONSERVER_LogMessage(level, __FILE__, __LINE__, ("llama3_relay: " + message).c_str());

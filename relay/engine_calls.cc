@@ -38,24 +38,17 @@ std::string ResponseFrame(uint64_t id, FrameKind kind, TRITONSERVER_InferenceRes
   std::string failure = response == nullptr ? "" : Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count));
   if (failure.empty() && count > UINT16_MAX) failure = "more than 65535 outputs";
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
-    const char* name = nullptr;
-    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint64_t dims = 0;
-    const void* base = nullptr;
-    size_t byte_size = 0;
-    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-    int64_t memory_type_id = 0;
-    void* userp = nullptr;
-    failure = Failure(TRITONSERVER_InferenceResponseOutput(response, i, &name, &datatype, &shape, &dims, &base,
-                                                           &byte_size, &memory_type, &memory_type_id, &userp));
+    ResponseOutput output;
+    failure = ReadOutput(response, i, &output);
     if (!failure.empty()) break;
-    if (dims > kMaxDims) failure = std::string("output ") + name + " has more than 16 dims";
-    if (std::strlen(name) > UINT16_MAX) failure = "an output name longer than 65535 bytes";
-    if (memory_type != TRITONSERVER_MEMORY_CPU && memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
-      failure = std::string("output ") + name + " is not in CPU memory";
+    if (output.dims > kMaxDims) failure = std::string("output ") + output.name + " has more than 16 dims";
+    if (std::strlen(output.name) > UINT16_MAX) failure = "an output name longer than 65535 bytes";
+    if (output.memory_type != TRITONSERVER_MEMORY_CPU && output.memory_type != TRITONSERVER_MEMORY_CPU_PINNED) {
+      failure = std::string("output ") + output.name + " is not in CPU memory";
     }
-    if (failure.empty()) writer.Add(name, datatype, shape, dims, base, byte_size);
+    if (failure.empty()) {
+      writer.Add(output.name, output.datatype, output.shape, output.dims, output.base, output.byte_size);
+    }
   }
   if (failure.empty()) *out = writer.Finish();
   if (failure.empty() && out->size() - sizeof(uint32_t) > kMaxFrameBytes) failure = "a response larger than a frame";

@@ -22,22 +22,9 @@ struct HandoffStream {
 
 namespace {
 
-TRITONSERVER_Error* InvalidConfig(const std::string& message) {
-  return TRITONSERVER_ErrorNew(TRITONSERVER_ERROR_INVALID_ARG, ("llama3_relay: " + message).c_str());
-}
-
-// The final response with the error, or the final flag alone when even that cannot be sent (logged).
 void SendError(HandoffStream* stream, TRITONSERVER_Error_Code code, const std::string& message) {
   stream->failed = true;
-  TRITONBACKEND_Response* response = nullptr;
-  TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
-  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
-  if (failure.empty()) failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
-  if (!failure.empty()) {
-    Log(TRITONSERVER_LOG_ERROR, "cannot send the error \"" + message + "\": " + failure);
-    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
-  }
-  TRITONSERVER_ErrorDelete(error);
+  SendFinalError(stream->factory, code, message);
 }
 
 // The engine response's outputs, copied into a response of the stream's, sent with `flags`; "" or why not.
@@ -47,30 +34,25 @@ std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine
   uint32_t count = 0;
   if (failure.empty()) failure = Failure(TRITONSERVER_InferenceResponseOutputCount(engine_response, &count));
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
-    const char* name = nullptr;
-    TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
-    const int64_t* shape = nullptr;
-    uint64_t dims = 0;
-    const void* base = nullptr;
-    size_t byte_size = 0;
-    TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
-    int64_t memory_type_id = 0;
-    void* userp = nullptr;
-    failure = Failure(TRITONSERVER_InferenceResponseOutput(engine_response, i, &name, &datatype, &shape, &dims, &base,
-                                                           &byte_size, &memory_type, &memory_type_id, &userp));
+    ResponseOutput engine_output;
+    failure = ReadOutput(engine_response, i, &engine_output);
     TRITONBACKEND_Output* output = nullptr;
     if (failure.empty()) {
-      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, static_cast<uint32_t>(dims)));
+      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, engine_output.name, engine_output.datatype,
+                                                     engine_output.shape, static_cast<uint32_t>(engine_output.dims)));
     }
     void* buffer = nullptr;
     TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
     int64_t buffer_type_id = 0;
-    if (failure.empty() && byte_size != 0) {
-      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
+    if (failure.empty() && engine_output.byte_size != 0) {
+      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, engine_output.byte_size, &buffer_type,
+                                                   &buffer_type_id));
       // The engine's outputs are on the heap (our allocator); the ensemble's buffers are in CPU memory (its
       // allocator honours the preferred type, CPU here).
-      if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) failure = std::string("output ") + name + " got GPU memory";
-      if (failure.empty()) std::memcpy(buffer, base, byte_size);
+      if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) {
+        failure = std::string("output ") + engine_output.name + " got GPU memory";
+      }
+      if (failure.empty()) std::memcpy(buffer, engine_output.base, engine_output.byte_size);
     }
   }
   if (failure.empty()) {

@@ -86,6 +86,22 @@ std::string Failure(TRITONSERVER_Error* error);
 // For calls whose failure ends nothing more than itself.
 void LogFailure(TRITONSERVER_Error* error, const char* what);
 uint64_t NowNs();  // the clock of Triton's own statistics
+TRITONSERVER_Error* InvalidConfig(const std::string& message);  // the model cannot load: the config's fault
+// The final response of `factory`, carrying the error; the final flag alone when even that cannot be sent (logged).
+void SendFinalError(TRITONBACKEND_ResponseFactory* factory, TRITONSERVER_Error_Code code, const std::string& message);
+// One output of an in-process response (TRITONSERVER_InferenceResponseOutput's fields).
+struct ResponseOutput {
+  const char* name = nullptr;
+  TRITONSERVER_DataType datatype = TRITONSERVER_TYPE_INVALID;
+  const int64_t* shape = nullptr;
+  uint64_t dims = 0;
+  const void* base = nullptr;
+  size_t byte_size = 0;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  int64_t memory_type_id = 0;
+};
+// Output `index` of `response`; "" or why it could not be read.
+std::string ReadOutput(TRITONSERVER_InferenceResponse* response, uint32_t index, ResponseOutput* output);
 TRITONSERVER_Error* NewChildAllocator(TRITONSERVER_ResponseAllocator** allocator);  // streams.cc
 TRITONSERVER_Error* NewEngineAllocator(TRITONSERVER_ResponseAllocator** allocator);  // engine_calls.cc
 // child_request.cc: `from`'s id, inputs (by reference) and request parameters onto `to`; "" when done, else why not

@@ -200,15 +200,7 @@ void Relay::End(Stream* stream) {
 
 void Relay::SendError(Stream* stream, TRITONSERVER_Error_Code code, const std::string& message) {
   stream->failed = true;
-  TRITONBACKEND_Response* response = nullptr;
-  TRITONSERVER_Error* error = TRITONSERVER_ErrorNew(code, message.c_str());
-  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
-  if (failure.empty()) failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, error));
-  if (!failure.empty()) {
-    Log(TRITONSERVER_LOG_ERROR, "cannot send the error \"" + message + "\": " + failure);
-    LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
-  }
-  TRITONSERVER_ErrorDelete(error);
+  SendFinalError(stream->factory, code, message);
   End(stream);
 }
 
