@@ -233,13 +233,15 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "transport": "relay" if relayed else "in_process",
         "admission": _bls_admission(settings, relayed),
     })
+    relay_library: Path | None = None  # compiled once; every relay-backend model gets a copy
     if relayed:
         relay = _write_model(out, BLS_MODEL, vendored=(), version_files=False, template=RELAY_CONFIG, values={
             "triton_max_batch_size": settings.triton_max_batch_size,
             "python_model_name": BLS_PYTHON_MODEL,
             "engine_models": ",".join(engine_models),  # the only models its engine calls may name
         })
-        compile_relay(relay / "1" / RELAY_LIBRARY)
+        relay_library = relay / "1" / RELAY_LIBRARY
+        compile_relay(relay_library)
     if handoff:
         handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
                                    contract_name=TARGET_MODEL, values={
@@ -248,10 +250,10 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
             "handoff_to": TARGET_MODEL,
             "sender_threads": settings.handoff_sender_threads,
         })
-        compile_relay(handoff_dir / "1" / RELAY_LIBRARY)
+        shutil.copy2(relay_library, handoff_dir / "1" / RELAY_LIBRARY)  # one library, each model's role in its config
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
-        _write_engine_model(out, name, source, settings, relayed)
+        _write_engine_model(out, name, source, settings, relay_library)
 
     _write_manifest(out, settings)
     return out
@@ -378,8 +380,10 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
     return target
 
 
-def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings, relayed: bool) -> None:
-    """`relayed`: the repository's relays are built (_use_relay); the engine gets one with engine_relay."""
+def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings,
+                        relay_library: Path | None) -> None:
+    """`relay_library`: the repository's relay library, where it is built (_use_relay); the engine gets a copy with
+    engine_relay."""
     is_draft = name == DRAFT_MODEL
     common = {
         "model_name": name,
@@ -395,7 +399,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         python_name = name
         if settings.engine_relay and not (settings.synthetic and settings.decoupled):
             raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
-        if settings.engine_relay and relayed:
+        if settings.engine_relay and relay_library is not None:
             python_name = f"{name}_python"
             relay = _write_model(out, name, vendored=(), version_files=False, values={
                 "model_name": name,
@@ -403,7 +407,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
                 "python_model_name": python_name,
                 "engine_models": "",  # the engine behind it calls no model
             }, template=ENGINE_RELAY_CONFIG, contract_name=TARGET_MODEL)
-            compile_relay(relay / "1" / RELAY_LIBRARY)
+            shutil.copy2(relay_library, relay / "1" / RELAY_LIBRARY)
         target = _write_model(out, python_name, vendored=("bls", "embedded_engine"), values={
             **common,
             "model_name": python_name,

@@ -21,14 +21,16 @@ def text_instance_settings(args) -> dict:
     """The ensemble's sizing from the command line, where given (else RepositorySettings' host-sized defaults):
     preprocessing's and postprocessing's instance counts and the handoff's sender threads."""
     settings = {}
-    # (option, settings key, the least it may be: no handoff is a choice, no postprocessing is not)
-    for option, key, least in (("preprocessing_instances", "preprocessing_instance_count", 1),
-                               ("postprocessing_instances", "postprocessing_instance_count", 1),
-                               ("handoff_sender_threads", "handoff_sender_threads", 0)):
+    # (option, settings key, the least it may be: no handoff is a choice, no postprocessing is not; the most)
+    for option, key, least, most in (("preprocessing_instances", "preprocessing_instance_count", 1, None),
+                                     ("postprocessing_instances", "postprocessing_instance_count", 1, None),
+                                     ("handoff_sender_threads", "handoff_sender_threads", 0, 256)):  # relay/backend.cc
         count = getattr(args, option)
         if count is None:
             continue
         if count < least:
             raise SystemExit(f"--{option.replace('_', '-')} must be at least {least} (got {count})")
+        if most is not None and count > most:
+            raise SystemExit(f"--{option.replace('_', '-')} must be at most {most} (got {count})")
         settings[key] = count
     return settings

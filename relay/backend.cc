@@ -205,7 +205,9 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
     role = handoff;
   }
   if (error != nullptr) return error;
-  return TRITONBACKEND_ModelSetState(model, role);
+  error = TRITONBACKEND_ModelSetState(model, role);
+  if (error != nullptr) delete role;  // nothing was started through it yet
+  return error;
 }
 
 TRITONSERVER_Error* TRITONBACKEND_ModelFinalize(TRITONBACKEND_Model* model) {

@@ -115,6 +115,7 @@ Handoff::~Handoff() {
       std::lock_guard<std::mutex> lock(sender->mutex);
     }
     sender->ready.notify_all();
+    sender->room.notify_all();
   }
   for (auto& sender : senders_) {
     if (sender->thread.joinable()) sender->thread.join();
@@ -220,9 +221,11 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
 // On the engine's response thread: as little as can be.
 void Handoff::OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
   HandoffStream* stream = static_cast<HandoffStream*>(userp);
-  Sender* sender = stream->handoff->senders_[stream->sender].get();
+  Handoff* handoff = stream->handoff;
+  Sender* sender = handoff->senders_[stream->sender].get();
   {
-    std::lock_guard<std::mutex> lock(sender->mutex);
+    std::unique_lock<std::mutex> lock(sender->mutex);
+    sender->room.wait(lock, [&] { return sender->queue.size() < kMaxQueued || handoff->stopping_; });
     sender->queue.push_back({stream, response, flags});
   }
   sender->ready.notify_one();
@@ -242,6 +245,7 @@ void Handoff::Send(Sender* sender) {
       if (sender->queue.empty()) return;  // stopping, nothing left
       batch.swap(sender->queue);
     }
+    sender->room.notify_all();
     for (const Delivery& delivery : batch) Deliver(delivery);
     batch.clear();
   }

@@ -50,10 +50,14 @@ class Handoff : public ModelRole {
   };
   struct Sender {
     std::mutex mutex;
-    std::condition_variable ready;
+    std::condition_variable ready;  // something to send, or stopping
+    std::condition_variable room;  // the queue fell below kMaxQueued
     std::deque<Delivery> queue;
     std::thread thread;
   };
+  // Responses one sender may hold: past it the engine's thread waits, as it would sending them itself, so an engine
+  // that outruns the ensemble is held back instead of filling memory.
+  static constexpr size_t kMaxQueued = 65536;
 
   Handoff() = default;
   void Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request* request);

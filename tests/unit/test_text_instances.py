@@ -57,6 +57,8 @@ def test_command_line_instances_reach_the_configs(tmp_path):
     assert text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0})) == {"handoff_sender_threads": 0}
     with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 0"):
         text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": -1}))
+    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at most 256"):
+        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 257}))
 
 
 def _ensemble_engine_step(repo) -> str:
