@@ -4,7 +4,7 @@
 
 Starts its own tritonserver on loopback (or uses --server-url host:http_port[,grpc_port]), runs
 `--concurrency` client threads for `--duration` seconds, each drawing requests from MIX: streaming BLS
-(HTTP and gRPC), non-streamed ensemble generate, conversations (`messages`), speculative BLS
+(HTTP and gRPC), non-streamed and streamed ensemble generate, conversations (`messages`), speculative BLS
 (num_draft_tokens 4), clients that disconnect mid-stream (20 %: closed HTTP response, gRPC
 stop_stream(cancel_requests=True)) and ~5 % bad inputs, whose errors are expected and counted apart.
 The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token (from C++
@@ -184,6 +184,11 @@ MIX: tuple[tuple[str, float, Callable[[random.Random], Workload]], ...] = (
     ("bls_stream_grpc", 0.12, lambda r: grpc_bls_stream("bls_stream_grpc", r.choice(PROMPTS), r.randint(8, 48))),
     ("ensemble_generate", 0.18, lambda r: http_generate(
         "ensemble_generate", ENSEMBLE, {"text_input": r.choice(PROMPTS), "max_tokens": r.randint(8, 32)})),
+    # Streamed through the ensemble (its handoff, where the repository has one). No disconnects here: Triton's
+    # ensemble does not pass a client's cancellation to a running step, so the engine finishes such a stream.
+    ("ensemble_stream", 0.10, lambda r: http_stream(
+        "ensemble_stream", {"text_input": r.choice(PROMPTS), "max_tokens": r.randint(8, 48), "stream": True},
+        model=ENSEMBLE)),
     ("conversation", 0.12, lambda r: http_stream(
         "conversation", {"messages": conversation(r), "max_tokens": r.randint(8, 32), "stream": True})),
     ("speculative", 0.14, lambda r: http_stream(
