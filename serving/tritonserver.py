@@ -10,6 +10,7 @@ LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's st
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -97,13 +98,15 @@ class ServerPorts:
 
     @classmethod
     def free(cls) -> "ServerPorts":
-        return cls(*(_free_port() for _ in range(3)))
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        """Three distinct ports free now: their sockets stay open until all three are chosen (one closed before the
+        next bind could be handed out again: a server given one port twice exits with its usage text)."""
+        with contextlib.ExitStack() as open_sockets:
+            ports = []
+            for _ in range(3):
+                sock = open_sockets.enter_context(socket.socket())
+                sock.bind(("127.0.0.1", 0))
+                ports.append(sock.getsockname()[1])
+        return cls(*ports)
 
 
 def server_command(

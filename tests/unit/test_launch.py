@@ -82,3 +82,11 @@ def test_an_existing_repository_serves_as_it_was_built(tmp_path, manifest, ranks
     assert (command[0] == "mpirun") == (ranks > 1 or orchestrator)
     assert (len(_ranks(command)) if command[0] == "mpirun" else 1) == ranks
     assert all(env.get(key) == value for key, value in ORCHESTRATOR_ENVIRONMENT.items()) == orchestrator
+
+
+def test_a_servers_three_ports_are_distinct():
+    """Each port's socket stays bound until all three are chosen: the kernel never hands one out twice (a server
+    given one port for HTTP and gRPC exits with its usage text; seen once in CI)."""
+    for _ in range(200):
+        ports = ServerPorts.free()
+        assert len({ports.http, ports.grpc, ports.metrics}) == 3, ports
