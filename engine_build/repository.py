@@ -280,19 +280,27 @@ def _use_relay(settings: RepositorySettings) -> bool:
         return True
     if settings.relay == "on":
         raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
-                              f"{RELAY_DIR.relative_to(PROJECT_ROOT)}/; install one (apt-get install g++) or "
+                              f"{RELAY_DIR.relative_to(PROJECT_ROOT)}/; install one (apt-get install g++, or clang) or "
                               "build with RELAY=off")
     engine = " (and the benchmark's stand-in engine: figures not comparable with docs/benchmarks.md's)" \
         if settings.engine_relay else ""
     print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL} is built with the in-process transport"
           f"{engine}: one request at a time per instance, every response a Python backend send (docs/design.md); "
-          "install g++ or set CXX for the relay",
+          "install g++ or clang++ (or set CXX) for the relay",
           file=sys.stderr, flush=True)
     return False
 
 
+# The C++ compilers the relay builds with, in order: g++ where there is one, clang++ otherwise (the 26.07 image's
+# runtime stage installs clang, not g++: tensorrtllm_backend r26.07 dockerfile/Dockerfile.triton.trt_llm_backend).
+CXX_COMPILERS = ("g++", "clang++")
+
+
 def _compiler() -> str:
-    return os.environ.get("CXX") or "g++"
+    """$CXX if set, else the first of CXX_COMPILERS on PATH (named even when absent, for messages)."""
+    if os.environ.get("CXX"):
+        return os.environ["CXX"]
+    return next((name for name in CXX_COMPILERS if shutil.which(name)), " or ".join(CXX_COMPILERS))
 
 
 def engine_is_relayed(repo: Path) -> bool:
@@ -301,7 +309,7 @@ def engine_is_relayed(repo: Path) -> bool:
 
 
 def can_compile_relay() -> bool:
-    """Whether this machine can build the relay (a C++ compiler, CXX or g++, on PATH)."""
+    """Whether this machine can build the relay (a C++ compiler: CXX, g++ or clang++, on PATH)."""
     return shutil.which(_compiler()) is not None
 
 

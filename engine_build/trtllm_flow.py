@@ -7,7 +7,9 @@ a GPU, so it works on any machine (give the GPU memory to plan for as GPU_MEM_GB
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -188,7 +190,7 @@ def build_trtllm_repository(args, log) -> Path:
     if args.dry_run:
         log("DRY_RUN: these are the commands a real run runs, in order:\n\n" + "\n\n".join(map(str, commands)) + "\n")
     else:
-        _run(gpu_plan, log)
+        _run(gpu_plan, args.repo.resolve(), log)
     out = assemble_repository(args.repo, gpu_plan.repository_settings(args.hf_model, args))
     report = check_repository(out)
     print(report.text(out), flush=True)
@@ -198,21 +200,17 @@ def build_trtllm_repository(args, log) -> Path:
     return out
 
 
-def _run(gpu_plan: GpuPlan, log) -> None:
-    """The steps of `commands()`, in-process (the quantize command line calls these same functions)."""
-    from engine_build.quantize import export_unquantized, quantize_awq
-    from engine_build.trtllm import check_gpu_stage_environment, run_trtllm_build
+def _run(gpu_plan: GpuPlan, repo: Path, log) -> None:
+    """The build steps of `commands()` (all but the last, serving), each its own process, exactly as a dry run
+    prints them: the calibration model's GPU memory is freed when its process exits, before trtllm-build starts
+    (tens of GB a GPU for 70B; upstream's examples run them as separate commands too)."""
+    from engine_build.trtllm import check_gpu_stage_environment
 
     check_gpu_stage_environment()  # before an hour of quantization, not after
-    ranks = dict(tp_size=gpu_plan.tp, pp_size=gpu_plan.pp)
-    log(f"target: AWQ int4 quantization of {gpu_plan.target_hf}")
-    quantize_awq(gpu_plan.target_hf, gpu_plan.target_checkpoint, kv_cache_dtype=gpu_plan.kv_cache_dtype, **ranks)
-    if gpu_plan.draft_hf is not None:
-        log(f"draft: {gpu_plan.draft_quant} checkpoint of {gpu_plan.draft_hf}")
-        if gpu_plan.draft_quant == "none":
-            export_unquantized(gpu_plan.draft_hf, gpu_plan.draft_checkpoint, **ranks)
-        else:
-            quantize_awq(gpu_plan.draft_hf, gpu_plan.draft_checkpoint, kv_cache_dtype=gpu_plan.kv_cache_dtype, **ranks)
-    for role, checkpoint, engine, draft_len in gpu_plan.engine_builds():
-        log(f"{role}: trtllm-build")
-        run_trtllm_build(checkpoint, engine, **gpu_plan.build_options(draft_len))
+    for command in gpu_plan.commands(repo)[:-1]:
+        log(command.title)
+        print(str(command), file=sys.stderr, flush=True)
+        returncode = subprocess.call(command.argv, env={**os.environ, **command.env})
+        if returncode != 0:
+            raise SystemExit(f"[{command.title}] exited with status {returncode} (its output is above); "
+                             "nothing after it ran")

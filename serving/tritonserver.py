@@ -4,7 +4,8 @@ Which server: `tritonserver` on PATH when there is one (the NGC container), else
 inside the nvidia-pytriton wheel. The wheel's Python backend needs three things that are easy to miss:
 its stub copied next to the backend, the venv's bin/ first on PATH (the stub ignores PYTHONPATH and
 takes its prefix from the first python3 on PATH), and the interpreter's own libpython on
-LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's stdlib and `ssl` fails).
+LD_LIBRARY_PATH (a pyenv venv otherwise mixes Debian's libpython with pyenv's stdlib and `ssl` fails). A
+tritonserver on PATH (a container's) is launched with the environment as it is, but for PATH.
 """
 
 from __future__ import annotations
@@ -84,8 +85,12 @@ def server_environment(python: Path | None = None) -> dict[str, str]:
     env.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     venv_bin = str(Path(python or sys.executable).parent)
     env["PATH"] = venv_bin + os.pathsep + env.get("PATH", "")
+    # Only for the wheel's server: its stub must load this interpreter's libpython. A container's tritonserver
+    # (on PATH) gets the environment untouched, as upstream's launch_triton_server.py leaves it: there LIBDIR is
+    # /usr/lib/x86_64-linux-gnu, where the container runtime mounts the host's libcuda, and putting it first would
+    # shadow the CUDA forward-compatibility libcuda the image wires through /etc/ld.so.conf.d.
     libdir = sysconfig.get_config_var("LIBDIR")
-    if libdir:
+    if libdir and find_tritonserver().backend_dir is not None:
         env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (libdir, env.get("LD_LIBRARY_PATH")) if p)
     return env
 

@@ -90,3 +90,20 @@ def test_a_servers_three_ports_are_distinct():
     for _ in range(200):
         ports = ServerPorts.free()
         assert len({ports.http, ports.grpc, ports.metrics}) == 3, ports
+
+
+def test_a_container_tritonserver_gets_the_library_path_untouched(monkeypatch):
+    """The container's tritonserver (on PATH) is launched with the host's LD_LIBRARY_PATH as it is: Python's LIBDIR
+    there is /usr/lib/x86_64-linux-gnu, which would shadow the image's CUDA forward-compatibility libcuda."""
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/usr/local/cuda/compat/lib")
+    assert tritonserver.server_environment()["LD_LIBRARY_PATH"] == "/usr/local/cuda/compat/lib"
+
+
+def test_the_wheels_tritonserver_gets_this_pythons_libpython_first(monkeypatch):
+    import sysconfig
+
+    monkeypatch.setattr(tritonserver, "find_tritonserver",
+                        lambda: tritonserver.TritonInstall(Path("/wheel/bin/tritonserver"), Path("/wheel/backends")))
+    monkeypatch.setenv("LD_LIBRARY_PATH", "/host/lib")
+    assert tritonserver.server_environment()["LD_LIBRARY_PATH"].split(":") == [
+        sysconfig.get_config_var("LIBDIR"), "/host/lib"]

@@ -124,3 +124,28 @@ def test_the_export_dtype_follows_the_checkpoint():
     assert export_dtype({"torch_dtype": "float16"}) == "float16"
     assert export_dtype({"dtype": "bfloat16"}) == "bfloat16"  # transformers 5 writes `dtype`
     assert export_dtype({"torch_dtype": "float32"}) == "float16"  # 16-bit unquantized layers in an AWQ engine
+
+
+def test_the_real_run_runs_each_build_step_in_its_own_process(monkeypatch, tmp_path):
+    """Calibration and trtllm-build are separate processes, the dry run's printed commands in order, so the
+    calibration model's GPU memory is gone before the build starts; serving is not a build step; a failing step
+    stops the run with its title."""
+    from types import SimpleNamespace
+
+    from engine_build import trtllm_flow
+    from engine_build.trtllm_flow import Command
+
+    steps = [Command("target: quantize", ["quantize-it"]), Command("target: trtllm-build", ["build-it"], {"K": "v"}),
+             Command("serve (make serve)", ["serve-it"])]
+    plan = SimpleNamespace(commands=lambda repo: steps)
+    calls = []
+    monkeypatch.setattr(trtllm, "check_gpu_stage_environment", lambda: None)
+    monkeypatch.setattr(trtllm_flow.subprocess, "call", lambda argv, env: calls.append((argv, env.get("K"))) or 0)
+    trtllm_flow._run(plan, tmp_path, lambda message: None)
+    assert calls == [(["quantize-it"], None), (["build-it"], "v")]
+
+    calls.clear()
+    monkeypatch.setattr(trtllm_flow.subprocess, "call", lambda argv, env: calls.append(argv) or 3)
+    with pytest.raises(SystemExit, match=r"\[target: quantize\] exited with status 3"):
+        trtllm_flow._run(plan, tmp_path, lambda message: None)
+    assert calls == [["quantize-it"]]
