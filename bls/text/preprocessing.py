@@ -1,7 +1,8 @@
 """The `preprocessing` model's logic: a batch of text requests -> the engine's id tensors (v0.14 contract).
 
 Differences from upstream, all deliberate:
-- MESSAGES (a JSON chat) is rendered with the tokenizer's chat template; QUERY is raw text. Either way
+- MESSAGES (a JSON chat, with tools or not: bls.text.chat) is rendered with the tokenizer's chat template (with
+  tools and a template without them, Llama 3.1's); QUERY is raw text. Either way
   there is exactly one BOS, and special-token strings in client text stay text (see bls.text.tokenizer).
 - END_ID defaults to the token the model ends its turn with (generation_config.json), and the other eos
   ids are default stop sequences, so Llama 3 Instruct stops whatever its tokenizer_config says.
@@ -17,7 +18,7 @@ import numpy as np
 
 from bls.errors import InvalidRequest
 from bls.batch import BatchInputs
-from bls.text.chat import parse_chat_messages
+from bls.text.chat import parse_chat
 from bls.text.tokenizer import TokenizerBundle
 from bls.word_lists import stack_word_lists
 
@@ -138,9 +139,9 @@ class Preprocessor:
             )
         else:
             field = "MESSAGES"
-            messages = parse_chat_messages(rows.text(field, row), field)
-            self._refuse_if_too_long(field, [message.content for message in messages])
-            prompt_ids = self.bundle.encode_chat(messages, field)
+            chat = parse_chat(rows.text(field, row), field)
+            self._refuse_if_too_long(field, list(chat.data_texts()))
+            prompt_ids = self.bundle.encode_chat(chat, field)
         if self.max_input_len is not None and len(prompt_ids) > self.max_input_len:
             raise InvalidRequest(
                 field, f"the prompt is {len(prompt_ids)} tokens, more than max_input_len {self.max_input_len}"

@@ -24,7 +24,7 @@ import numpy as np
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from bls.errors import InvalidRequest
-from bls.text.chat import ChatMessage, validate_chat_messages
+from bls.text.chat import LLAMA31_TOOL_CHAT_TEMPLATE, Chat, ChatMessage, ToolCall, validate_chat
 from bls.word_lists import encode_word_list
 
 # Meta's dedicated padding token (Llama 3.1+ vocabulary; the 3.0 vocabulary has a reserved token there).
@@ -66,6 +66,14 @@ class TokenizerBundle:
         # Byte-level BPE: one vocabulary character is one byte, so this bounds the bytes a token covers.
         # A text of more than max_input_len * max_token_bytes bytes cannot fit: refused before tokenizing.
         self.max_token_bytes: int = max(len(token) for token in tokenizer.get_vocab())
+        # Control tokens as they appear in a rendered template, longest first (a regex alternation takes the first
+        # that matches). A client string can only form or hold one if it holds one of the fragments: for Llama 3's
+        # "<|...|>" tokens "<|" or "|>"; for other vocabularies every client string counts.
+        specials = sorted((tokenizer.convert_ids_to_tokens(i) for i in self.special_ids), key=len, reverse=True)
+        self._special_token_ids = {token: tokenizer.convert_tokens_to_ids(token) for token in specials}
+        self._special_token_pattern = re.compile("|".join(map(re.escape, specials)) or r"(?!)")
+        llama_style = all(token.startswith("<|") and token.endswith("|>") for token in specials)
+        self._special_token_fragments = ("<|", "|>") if llama_style else ("",)
 
     @classmethod
     def from_dir(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":
@@ -121,61 +129,100 @@ class TokenizerBundle:
             text, add_special_tokens=add_special_tokens and not already_has_bos, split_special_tokens=False
         )
 
-    def render_chat(self, messages: Sequence[ChatMessage], field: str = "MESSAGES") -> str:
+    def render_chat(self, chat: Chat | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> str:
         """The prompt text, exactly as transformers renders it (generation prompt included)."""
-        return self._apply_template([{"role": m.role, "content": m.content} for m in messages], field)
+        chat = validate_chat(chat if isinstance(chat, Chat) else list(chat), field)
+        return self._apply_template(chat, [m.template_dict() for m in chat.messages], chat.tools, field)
 
-    def _apply_template(self, conversation: list[dict[str, str]], field: str) -> str:
+    def chat_template_for(self, chat: Chat) -> str | None:
+        """The model's own template; for a conversation with tools when that template has none (it never reads
+        `tools`: Llama 3.0's), the official Llama 3.1 tool-calling template (bls.text.chat)."""
+        own = self.tokenizer.chat_template
+        if chat.uses_tools and own and "tools" not in own:
+            return LLAMA31_TOOL_CHAT_TEMPLATE
+        return own
+
+    def _apply_template(self, chat: Chat, conversation: list[dict], tools, field: str) -> str:
+        template = self.chat_template_for(chat)
+        if not template:
+            raise InvalidRequest(field, "this model's tokenizer has no chat template; send QUERY text instead")
         try:
-            return self.tokenizer.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
-        except jinja2.TemplateError as error:  # templates may refuse a conversation (role order...)
+            return self.tokenizer.apply_chat_template(
+                conversation, tools=list(tools) if tools is not None else None, chat_template=template,
+                tokenize=False, add_generation_prompt=True)
+        except jinja2.TemplateError as error:  # templates may refuse a conversation (role order, several calls...)
             raise InvalidRequest(field, f"the chat template refused these messages: {error}") from None
 
-    def encode_chat(self, messages: Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> list[int]:
-        """Chat messages rendered with the tokenizer's own template.
+    def encode_chat(self, chat: Chat | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> list[int]:
+        """A conversation rendered with the model's template (bls.text.chat for tools), tokenized so that the
+        template's control tokens are control tokens and every special-token string from the client (content, tool
+        definitions, call names and arguments, results) is text.
 
-        The template's control tokens are control tokens; special-token strings inside message content
-        are text. To tell the two apart, the chat is rendered a second time with every content wrapped
-        in markers made of a per-call random nonce in private-use characters; the markers split the
-        rendering into template parts and content parts, which are encoded separately. Removing the
-        markers must give back the plain rendering, which proves the split is faithful (templates that
-        trim content get the markers around the trimmed content). Template and content parts are encoded
-        separately; in Llama 3's template every content sits between "\n\n" and a control token, where
-        the pre-tokenizer splits anyway, so benign content gets exactly transformers' ids.
+        To tell the two apart, the conversation is rendered a second time with each client string that could hold
+        a special-token string wrapped in markers made of a per-call random nonce in private-use characters.
+        Removing the markers must give back the plain rendering, which proves the marked spans are exactly the
+        client's text (templates that trim content get the markers around the trimmed content; JSON-dumped data
+        keeps them inside its strings). A special-token string of the plain rendering is a control token only where
+        no marked span overlaps it. The text between control tokens is encoded with special-token strings as text:
+        transformers' own tokenization splits at the same control tokens, so ids equal transformers' for any
+        conversation whose client text holds no special-token string.
         """
-        if not self.tokenizer.chat_template:
-            raise InvalidRequest(field, "this model's tokenizer has no chat template; send QUERY text instead")
-        messages = validate_chat_messages(list(messages), field)
-        plain = self.render_chat(messages, field)
-        marked, open_marker, close_marker = self._render_marked(messages, plain, field)
-        parts = re.split(f"{re.escape(open_marker)}(.*?){re.escape(close_marker)}", marked, flags=re.DOTALL)
+        chat = validate_chat(chat if isinstance(chat, Chat) else list(chat), field)
+        plain = self.render_chat(chat, field)
+        data_spans = self._client_text_spans(chat, plain, field)
         ids: list[int] = []
-        # re.split with one group alternates: template, content, template, ..., template.
-        for index, part in enumerate(parts):
-            if not part:
-                continue
-            is_content = index % 2 == 1
-            ids += self._encode(part, add_special_tokens=False, split_special_tokens=is_content)
+        position = 0
+        for match in self._special_token_pattern.finditer(plain):
+            start, end = match.span()
+            if any(start < span_end and span_start < end for span_start, span_end in data_spans):
+                continue  # client text: encoded with the text around it
+            if position < start:
+                ids += self._encode(plain[position:start], add_special_tokens=False, split_special_tokens=True)
+            ids.append(self._special_token_ids[match.group()])
+            position = end
+        if position < len(plain):
+            ids += self._encode(plain[position:], add_special_tokens=False, split_special_tokens=True)
         return ids
 
-    def _render_marked(self, messages: Sequence[ChatMessage], plain: str, field: str) -> tuple[str, str, str]:
+    def _client_text_spans(self, chat: Chat, plain: str, field: str) -> list[tuple[int, int]]:
+        """Where the client's strings that could hold a special-token string lie in `plain` ([start, end) pairs)."""
+        texts = list(chat.data_texts())
+        if not any(self._may_hold_special_token(text) for text in texts):
+            return []
         while True:
             nonce = "".join(chr(0xE100 + secrets.randbelow(0x1700)) for _ in range(6))
             open_marker, close_marker = f"{nonce}\ue000", f"\ue001{nonce}"
-            if not any(nonce in m.content for m in messages):
+            if not any(nonce in text for text in texts):
                 break
-        for wrap in (lambda content: content, str.strip):
-            conversation = [
-                {"role": m.role, "content": f"{open_marker}{wrap(m.content)}{close_marker}"} for m in messages
-            ]
-            marked = self._apply_template(conversation, field)
-            if marked.replace(open_marker, "").replace(close_marker, "") == plain:
-                return marked, open_marker, close_marker
-        raise InvalidRequest(
-            field,
-            "the chat template transforms message content in a way that cannot be tokenized safely "
-            "(content must appear verbatim or trimmed)",
-        )
+
+        def mark(text: str) -> str:
+            """Markers around the text without its outer whitespace, which stays outside them: the rendering unmarks
+            to the plain one whether the template trims the text or not."""
+            if not self._may_hold_special_token(text):
+                return text
+            core = text.strip()
+            start = text.index(core) if core else 0
+            return f"{text[:start]}{open_marker}{core}{close_marker}{text[start + len(core):]}"
+
+        marked = self._apply_template(chat, [_marked_message(m, mark) for m in chat.messages],
+                                      None if chat.tools is None else [_marked_json(t, mark) for t in chat.tools], field)
+        parts = re.split(f"{re.escape(open_marker)}(.*?){re.escape(close_marker)}", marked, flags=re.DOTALL)
+        if "".join(parts) != plain:
+            raise InvalidRequest(
+                field,
+                "the chat template transforms client text in a way that cannot be tokenized safely "
+                "(text must appear verbatim, trimmed or JSON-encoded)",
+            )
+        spans, position = [], 0
+        # re.split with one group alternates: template, client text, template, ..., template.
+        for index, part in enumerate(parts):
+            if index % 2 == 1:
+                spans.append((position, position + len(part)))
+            position += len(part)
+        return spans
+
+    def _may_hold_special_token(self, text: str) -> bool:
+        return any(fragment in text for fragment in self._special_token_fragments)
 
     def _word_forms(self, word: str, field: str) -> list[tuple[int, ...]]:
         """The ids of a non-empty word as it appears in generated text: as is, and after a space."""
@@ -236,3 +283,21 @@ class TokenizerBundle:
         return self.tokenizer.decode(
             list(ids), skip_special_tokens=skip_special_tokens, clean_up_tokenization_spaces=False
         )
+
+
+def _marked_message(message: ChatMessage, mark) -> dict:
+    marked = ChatMessage(message.role, mark(message.content),
+                         tuple(ToolCall(mark(c.name), _marked_json(c.arguments, mark), c.id) for c in message.tool_calls),
+                         message.tool_call_id)
+    return marked.template_dict()
+
+
+def _marked_json(value, mark):
+    """A JSON value with `mark` applied to every string in it, keys included."""
+    if isinstance(value, str):
+        return mark(value)
+    if isinstance(value, dict):
+        return {mark(key): _marked_json(item, mark) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_marked_json(item, mark) for item in value]
+    return value

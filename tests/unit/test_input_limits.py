@@ -12,7 +12,7 @@ import pytest
 from bls.batch import MAX_JSON_DEPTH, BatchInputs, decode_json, json_nesting_depth
 from bls.errors import InvalidRequest
 from bls.generation.generator import BlsConfig, TextRequest
-from bls.text.chat import parse_chat_messages
+from bls.text.chat import parse_chat
 from bls.text.preprocessing import Preprocessor
 from embedded_engine.request import EngineLimits, parse_generation_requests
 
@@ -108,8 +108,8 @@ def test_json_at_the_limit_decodes_and_deeper_is_refused_before_decoding():
 
 def test_deeply_nested_messages_are_refused_by_name():
     text = json.dumps([{"role": "user", "content": "hi"}])[:-1] + ", " + "[" * 5000 + "]" * 5000 + "]"
-    refused(lambda: parse_chat_messages(text, "MESSAGES"), "MESSAGES", "nests JSON 5001 levels deep")
-    refused(lambda: parse_chat_messages('{"role": ', "MESSAGES"), "MESSAGES", "is not valid JSON")
+    refused(lambda: parse_chat(text, "MESSAGES"), "MESSAGES", "nests JSON 5001 levels deep")
+    refused(lambda: parse_chat('{"role": ', "MESSAGES"), "MESSAGES", "is not valid JSON")
 
 
 def test_a_deep_json_schema_guide_is_refused_before_it_is_compiled():
