@@ -18,5 +18,5 @@ class FinishReason(str, Enum):
         return FinishReason.STOP if self in (FinishReason.END_ID, FinishReason.STOP_WORDS) else self
 
 
-# The values the BLS reports (its `finish_reason` output and the llm_bls_requests_total label).
+# The values the BLS reports (its `finish_reason` output) and the llm_requests_total label (bls.llm_metrics).
 REPORTED_FINISH_REASONS = (FinishReason.STOP, FinishReason.LENGTH, FinishReason.CANCELLED)

@@ -110,6 +110,35 @@ class EngineEvent:
 EventCallback = Callable[[EngineEvent], None]
 
 
+@dataclass(frozen=True)
+class IterationStats:
+    """What one engine iteration did and what it holds after it, in the terms of TensorRT-LLM's executor
+    IterationStats, which its Triton backend exports as the nv_trt_llm_* metrics (embedded_engine.metrics).
+
+    KV cache: each sequence has its own contiguous cache here, so blocks are nominal: a sequence holding n tokens
+    uses ceil(n / TOKENS_PER_KV_BLOCK) blocks, and capacity is max_active sequences of max_seq_len tokens."""
+
+    iteration: int
+    timestamp_ns: int
+    active: int  # sequences admitted and not finished
+    max_active: int
+    scheduled: int  # sequences advanced by this iteration (prefill or decode)
+    context: int  # of those, prefills
+    waiting: int  # queued for a slot
+    context_tokens: int  # prompt tokens run by this iteration's prefills (reused ones excluded)
+    kv_blocks_used: int
+    kv_blocks_max: int
+    kv_blocks_reused: int  # blocks this iteration's prefills took from parked caches
+
+
+TOKENS_PER_KV_BLOCK = 32  # TensorRT-LLM's default tokens_per_block
+IterationCallback = Callable[[IterationStats], None]
+
+
+def kv_blocks(tokens: int) -> int:
+    return -(-tokens // TOKENS_PER_KV_BLOCK)
+
+
 class EngineShutDown(Unavailable):
     """The engine is unloading or unloaded."""
 
@@ -151,6 +180,8 @@ class Engine:
         # Held around each iteration's sequence steps: a paced engine hands its responses over when the iteration
         # ends, all at once, as a GPU step's tokens come out together (ResponseDispatcher.step).
         step_scope: Callable[[], ContextManager[None]] = nullcontext,
+        # Called on the engine thread after each iteration (metrics); must not block.
+        on_iteration: IterationCallback | None = None,
     ):
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
@@ -161,6 +192,11 @@ class Engine:
         self._step_s = step_s
         self._wait_for_sending = wait_for_sending
         self._step_scope = step_scope
+        self._on_iteration = on_iteration
+        self._iterations = 0
+        self._context_requests = 0  # this iteration's prefills and their tokens, reset by _report_iteration
+        self._context_tokens = 0
+        self._reused_tokens = 0
         self._failure: BaseException | None = None  # why the engine thread died, if it did
         self._draining = False
         self._prefix_cache = PrefixCache(reuse) if reuse else None
@@ -284,6 +320,7 @@ class Engine:
                 self._active = [s for s in self._active if not s.done]
                 self._waiting = deque(s for s in self._waiting if not s.done)
                 self._cond.notify_all()  # drain() waits for the engine to empty
+            self._report_iteration(active)
         with self._cond:
             remaining = [*self._active, *self._waiting]
             self._active, self._waiting = [], deque()
@@ -292,6 +329,30 @@ class Engine:
                 "the engine shut down before the request finished")))
         if self._prefix_cache is not None:
             self._prefix_cache.clear()
+
+    def _report_iteration(self, stepped: list[_Sequence]) -> None:
+        """IterationStats to on_iteration (engine thread): `stepped` were the iteration's active sequences."""
+        self._iterations += 1
+        context_requests, self._context_requests = self._context_requests, 0
+        context_tokens, self._context_tokens = self._context_tokens, 0
+        reused_tokens, self._reused_tokens = self._reused_tokens, 0
+        if self._on_iteration is None:
+            return
+        with self._cond:
+            active, waiting = list(self._active), len(self._waiting)
+        self._on_iteration(IterationStats(
+            iteration=self._iterations,
+            timestamp_ns=time.time_ns(),
+            active=len(active),
+            max_active=self._max_active,
+            scheduled=len(stepped),
+            context=context_requests,
+            waiting=waiting,
+            context_tokens=context_tokens,
+            kv_blocks_used=sum(kv_blocks(s.cached) for s in active),
+            kv_blocks_max=self._max_active * kv_blocks(self.limits.max_seq_len),
+            kv_blocks_reused=kv_blocks(reused_tokens) if reused_tokens else 0,
+        ))
 
     @staticmethod
     def _cancelled(sequence: _Sequence) -> bool:
@@ -329,6 +390,9 @@ class Engine:
             reused = self._take_cache(sequence)
             draft = request.draft_tokens
             feed = [*sequence.tokens[reused:], *draft]
+            self._context_requests += 1
+            self._context_tokens += len(feed)
+            self._reused_tokens += reused
             num_logits = len(feed) if request.return_context_logits else len(draft) + 1
             logits = runner.forward(sequence.cache, feed, reused, num_logits)
         else:
@@ -395,7 +459,8 @@ SYNTHETIC_MAX_SEQ_LEN = 8192
 
 
 def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], None] | None = None,
-                 step_scope: Callable[[], ContextManager[None]] = nullcontext) -> Engine:
+                 step_scope: Callable[[], ContextManager[None]] = nullcontext,
+                 on_iteration: IterationCallback | None = None) -> Engine:
     """Load the checkpoint (or the synthetic runner) and start the engine thread."""
     runner: ModelRunner
     if settings.synthetic:
@@ -414,4 +479,5 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
-                  max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope)
+                  max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope,
+                  on_iteration=on_iteration)

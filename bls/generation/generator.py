@@ -191,7 +191,10 @@ class RowResult:
     num_input_tokens: int = 0
     finish_reason: FinishReason = FinishReason.STOP
     speculation: SpeculationStats | None = None
-    first_token_s: float | None = None
+    first_token_s: float | None = None  # seconds from arrival (bls.llm_metrics.RequestTiming's clock)
+    first_response_tokens: int = 0
+    last_token_s: float | None = None
+    end_s: float = 0.0  # when generation ended, tokens sent or queued
     stream_tail: str = ""  # streamed text still held back by the detokenizer when generation ended
     details: Tensors = field(default_factory=dict)  # engine outputs for the non-streamed response
 
@@ -291,9 +294,12 @@ class TextGenerator:
 
         def on_tokens(new_tokens: list[int], extra: Tensors) -> bool:
             """Record tokens, stream them; False when the client has gone away."""
-            if new_tokens and result.first_token_s is None:
-                result.first_token_s = time.monotonic() - started
-                self.observer.on_first_token(result.first_token_s)
+            if new_tokens:
+                result.last_token_s = time.monotonic() - started
+                if result.first_token_s is None:
+                    result.first_token_s = result.last_token_s
+                    result.first_response_tokens = len(new_tokens)
+                    self.observer.on_first_token(result.first_token_s)
             result.token_ids.extend(new_tokens)
             details.add(extra)
             if streamer is not None:
@@ -316,6 +322,7 @@ class TextGenerator:
                 sink.send(held)
             result.stream_tail = streamer.finish()
         result.details = details.tensors()
+        result.end_s = time.monotonic() - started
         self.observer.on_finished(result)
         return result
 

@@ -107,6 +107,9 @@ STARTS_ITS_OWN_SERVER = {
     "test_server_exit.py": "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
 }
 NEEDS_EMBEDDED_ENGINE = {
+    "test_embedded_engine_exports_the_tensorrtllm_backend_families": "its nv_trt_llm_* values are the embedded "
+                                                                     "engine's (the C++ backend's differ: KV blocks)",
+    "test_the_kv_cache_and_request_gauges_follow_a_running_generation": "times a generation of the embedded engine",
     "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
     "test_what_the_engine_cannot_do_is_refused_by_name": "checks the embedded engine's refusals",
     "test_greedy_equals_transformers_generate": "compares with transformers on the embedded engine's checkpoint",

@@ -192,8 +192,8 @@ def test_bls_errors(endpoint, body, field):
 def test_bls_metrics_are_exported(endpoint):
     generate(endpoint.http, BLS, {"text_input": "count me", "max_tokens": 3})
     text = endpoint.metrics_text()
-    assert "llm_bls_time_to_first_token_seconds_count" in text
-    assert _engine_metric(endpoint, "llm_bls_output_tokens_total", BLS) >= 3
+    assert "llm_time_to_first_token_seconds_count" in text
+    assert _engine_metric(endpoint, "llm_generation_tokens_total", BLS) >= 3
 
 
 def test_triton_counts_the_bls_requests_it_serves(endpoint):

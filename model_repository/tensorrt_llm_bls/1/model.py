@@ -19,10 +19,10 @@ sys.path.insert(0, str(HERE))
 
 import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
 from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
-from bls.finish_reason import REPORTED_FINISH_REASONS  # noqa: E402
 from bls.generation.generator import (  # noqa: E402
     BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
 )
+from bls.llm_metrics import GenerationMetrics, RequestTiming  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.transports import InProcessTransport, RelayTransport  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
@@ -35,7 +35,6 @@ MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the 
 # requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
 # unload through the repository API waits until every response sender is released.
 UNLOAD_WAIT_S = 10.0
-FIRST_TOKEN_BUCKETS = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]
 
 
 class TritonPythonModel:
@@ -84,26 +83,20 @@ class TritonPythonModel:
 
     def _observer(self) -> GenerationObserver:
         labels = {"model": MODEL}
-        first_token = self.metrics.histogram(
-            "llm_bls_time_to_first_token_seconds", "Time from request arrival to the first generated token",
-            labels, FIRST_TOKEN_BUCKETS)
-        output_tokens = self.metrics.counter("llm_bls_output_tokens_total", "Generated tokens", labels)
+        generations = GenerationMetrics(self.metrics, MODEL)
         draft_tokens = self.metrics.counter("llm_bls_draft_tokens_total", "Draft tokens proposed", labels)
         accepted = self.metrics.counter("llm_bls_accepted_draft_tokens_total", "Draft tokens accepted", labels)
-        finished = {
-            reason: self.metrics.counter("llm_bls_requests_total", "Finished generations by finish reason",
-                                         {**labels, "finish_reason": reason.value})
-            for reason in REPORTED_FINISH_REASONS
-        }
 
         def on_finished(result):
-            output_tokens.increment(len(result.token_ids))
-            finished[result.finish_reason.reported].increment()
+            generations.finished(RequestTiming(
+                prompt_tokens=result.num_input_tokens, generated_tokens=len(result.token_ids),
+                finish_reason=result.finish_reason, end_s=result.end_s, first_token_s=result.first_token_s,
+                last_token_s=result.last_token_s, first_response_tokens=result.first_response_tokens))
             if result.speculation is not None:
                 draft_tokens.increment(result.speculation.draft_tokens)
                 accepted.increment(result.speculation.accepted_tokens)
 
-        return GenerationObserver(on_first_token=first_token.observe, on_finished=on_finished)
+        return GenerationObserver(on_first_token=generations.first_token, on_finished=on_finished)
 
     def execute(self, requests):
         self.transport.execute(requests, self._serve)
