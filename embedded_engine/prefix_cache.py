@@ -10,7 +10,9 @@ sequence), and comes back, longer, when that sequence ends. An entry is taken on
 at least half of it: a request that merely shares a short head (a system prompt) with a long parked sequence
 would otherwise crop away the cache that the continuation of that sequence (its next speculative round) needs.
 The store is bounded in entries and in tokens, evicting the least recently parked. It is used from the engine
-thread only, so it takes no lock.
+thread only, so it takes no lock. Keys and values depend on the weights that computed them: a sequence run with a
+LoRA adapter parks its cache under that adapter (`adapter`, the LoraAdapter's serial), and only a request with the
+same adapter takes it.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class PrefixCacheLimits:
 class _Entry:
     tokens: np.ndarray  # int64, the tokens whose KV `cache` holds, from position 0
     cache: Any
+    adapter: int | None  # the serial of the LoRA adapter the cache was computed with (None: the base model)
 
 
 @dataclass
@@ -56,7 +59,7 @@ class PrefixCache:
     def tokens(self) -> int:
         return self._tokens
 
-    def take(self, prompt: Sequence[int]) -> CacheHit | None:
+    def take(self, prompt: Sequence[int], adapter: int | None = None) -> CacheHit | None:
         """Remove and return the entry sharing the longest prefix with `prompt` (if that is at least half of
         the entry). The reusable length leaves the last prompt token out: it must be fed to get the logits of
         the first new token."""
@@ -65,6 +68,8 @@ class PrefixCache:
         wanted = np.asarray(prompt, dtype=np.int64)[:-1]
         best_key, best_length = None, 0
         for key, entry in reversed(self._entries.items()):  # most recent first: it wins ties
+            if entry.adapter != adapter:
+                continue
             length = common_prefix_length(entry.tokens, wanted)
             if length > best_length and 2 * length >= len(entry.tokens):
                 best_key, best_length = key, length
@@ -74,11 +79,11 @@ class PrefixCache:
         self._tokens -= len(entry.tokens)
         return CacheHit(entry.cache, best_length)
 
-    def put(self, tokens: Sequence[int], cache: Any) -> None:
+    def put(self, tokens: Sequence[int], cache: Any, adapter: int | None = None) -> None:
         """Park `cache`, which holds the KV of exactly `tokens` (from position 0), evicting as needed."""
         if not tokens or len(tokens) > self.limits.max_tokens or self.limits.max_entries == 0:
             return
-        self._entries[self._next_key] = _Entry(np.asarray(tokens, dtype=np.int64), cache)
+        self._entries[self._next_key] = _Entry(np.asarray(tokens, dtype=np.int64), cache, adapter)
         self._next_key += 1
         self._tokens += len(tokens)
         while len(self._entries) > self.limits.max_entries or self._tokens > self.limits.max_tokens:

@@ -7,7 +7,8 @@ too. Each batch row becomes one `GenerationRequest`; every problem is an `Invali
 Choices (TensorRT-LLM leaves them to the deployment): end_id absent means "never stop on a token";
 draft_input_ids needs batch size 1 (a ragged [batch, N] tensor carries no per-row draft lengths).
 A guide (guided_decoding_guide_type / guided_decoding_guide) is compiled here, before the request is queued
-(embedded_engine.guided says how and where that differs from TensorRT-LLM 1.2.1).
+(embedded_engine.guided says how and where that differs from TensorRT-LLM 1.2.1). So is a LoRA adapter resolved
+(lora_task_id, with lora_weights / lora_config the first time: embedded_engine.lora), where the engine takes LoRA.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from bls.errors import InvalidRequest
 from bls.token_ids import check_token_ids
 from bls.word_lists import WordList
 from embedded_engine.guided import GUIDE_INPUT, GUIDE_TYPE_INPUT, CompiledGuide, GrammarCache, parse_guide
+from embedded_engine.lora import LoraAdapter, LoraCache
 from embedded_engine.sampling import SamplingParams
 from embedded_engine.stopping import StopCriteria
 
@@ -45,9 +47,12 @@ SUPPORTED_INPUTS = frozenset(
         "len_penalty", "early_stopping", "beam_search_diversity_rate",
     }
 )
+# Honoured where the engine was built for LoRA (EngineSettings.lora_target_modules), refused by name elsewhere.
+LORA_INPUTS = frozenset({"lora_task_id", "lora_weights", "lora_config"})
 # Why the rest is refused, by the first word of the input's name (the message names the input too).
 _UNSUPPORTED_FEATURES = {
-    "lora": "LoRA adapters are not supported by the embedded engine",
+    "lora": "LoRA is not supported by the embedded engine of this repository: it was built without adapters "
+            "(make repo LORA_DIR=<adapters>)",
     "lookahead": "lookahead decoding is not supported by the embedded engine",
     "retention": "KV-cache retention priorities are not supported by the embedded engine",
     "draft": "draft logits are not supported by the embedded engine (draft_input_ids are)",
@@ -97,6 +102,12 @@ class GenerationRequest:
     return_num_output_tokens: bool = False
     arrival_ns: int = 0  # time.time_ns() when the Triton request arrived (perf metrics)
     guide: CompiledGuide | None = None  # guided decoding: the compiled grammar the output must follow
+    lora: LoraAdapter | None = None  # the LoRA adapter every forward pass of this request applies
+
+    @property
+    def lora_serial(self) -> int | None:
+        """Which weights computed this request's KV cache, beyond the base model's (None: the base model's only)."""
+        return None if self.lora is None else self.lora.serial
 
     @property
     def stop_criteria(self) -> StopCriteria:
@@ -111,12 +122,13 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
 
 def parse_generation_requests(
     inputs: dict[str, np.ndarray], request_id: str, limits: EngineLimits, default_exclude_input: bool,
-    arrival_ns: int = 0, grammars: GrammarCache | None = None,
+    arrival_ns: int = 0, grammars: GrammarCache | None = None, adapters: LoraCache | None = None,
 ) -> list[GenerationRequest]:
     """`grammars`: the engine's compiler for guided decoding (None: the engine has no tokenizer info, and a
-    guided request is refused, as TensorRT-LLM refuses one when guided decoding is not configured)."""
+    guided request is refused, as TensorRT-LLM refuses one when guided decoding is not configured). `adapters`: the
+    engine's LoRA cache (None: the engine takes no LoRA, and the LoRA inputs are refused by name)."""
     for name in inputs:
-        if name not in SUPPORTED_INPUTS:
+        if name not in SUPPORTED_INPUTS and not (adapters is not None and name in LORA_INPUTS):
             raise InvalidRequest(name, unsupported_input_problem(name))
     for name in REQUIRED_INPUTS:
         if name not in inputs:
@@ -129,14 +141,15 @@ def parse_generation_requests(
         raise InvalidRequest("draft_input_ids", "needs a request with batch size 1")
     rows = BatchInputs(inputs, batch_size)
     return [
-        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input, arrival_ns, grammars)
+        _parse_row(rows, row, input_ids[row], request_id, limits, default_exclude_input, arrival_ns, grammars,
+                   adapters)
         for row in range(batch_size)
     ]
 
 
 def _parse_row(
     rows: BatchInputs, row: int, padded_ids: np.ndarray, request_id: str, limits: EngineLimits,
-    default_exclude_input: bool, arrival_ns: int, grammars: GrammarCache | None,
+    default_exclude_input: bool, arrival_ns: int, grammars: GrammarCache | None, adapters: LoraCache | None,
 ) -> GenerationRequest:
     vocab = limits.vocab_size
     prompt_len = rows.scalar("input_lengths", row, int)
@@ -203,7 +216,16 @@ def _parse_row(
         return_num_output_tokens=rows.scalar("return_num_output_tokens", row, bool, False),
         arrival_ns=arrival_ns,
         guide=_compiled_guide(rows, row, grammars),
+        lora=_lora_adapter(rows, row, adapters),
     )
+
+
+def _lora_adapter(rows: BatchInputs, row: int, adapters: LoraCache | None) -> LoraAdapter | None:
+    """The row's adapter: its weights (cached under its task id) or its task id's cached weights; None without."""
+    if adapters is None:
+        return None
+    task_id = rows.scalar("lora_task_id", row, int)
+    return adapters.resolve(task_id, rows.item("lora_weights", row, 2), rows.item("lora_config", row, 2))
 
 
 def _compiled_guide(rows: BatchInputs, row: int, grammars: GrammarCache | None) -> CompiledGuide | None:

@@ -13,6 +13,10 @@ KV-cache reuse (embedded_engine.prefix_cache): a sequence that ends normally or 
 a new request whose prompt continues a parked sequence takes it and prefills only the new tokens (skipped
 for requests that want context logits, which need the whole prompt run).
 
+LoRA (embedded_engine.lora, lora_layers): a request's adapter was resolved when it was parsed; each of its forward
+passes runs with that adapter in the model's LoraSlot, so sequences of one iteration may each use another adapter,
+or none.
+
 Events go to each sequence's `on_event` callback, always from the engine thread, in order, ending with
 exactly one event with `finished=True` (also on errors, cancellation and shutdown). A failure in one
 sequence (model error, callback error) ends only that sequence.
@@ -26,6 +30,7 @@ import time
 from collections import deque
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, ContextManager, Protocol, Sequence
 
 import numpy as np
@@ -36,6 +41,7 @@ from embedded_engine.request import EngineLimits, GenerationRequest
 from bls.errors import Unavailable
 from bls.finish_reason import FinishReason
 from embedded_engine.draft_verification import accept_tokens
+from embedded_engine.lora import LoraCache, LoraLayout, prefetch
 from embedded_engine.sampling import TokenSampler
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings
 from embedded_engine.stopping import StopCriteria
@@ -180,9 +186,15 @@ class Engine:
         # Held around each iteration's sequence steps: a paced engine hands its responses over when the iteration
         # ends, all at once, as a GPU step's tokens come out together (ResponseDispatcher.step).
         step_scope: Callable[[], ContextManager[None]] = nullcontext,
+        # LoRA: the cache requests resolve their adapters in (None: the engine takes no LoRA), and the slot its
+        # model's LoRA layers read the adapter of each forward pass from.
+        adapters: LoraCache | None = None,
+        lora_slot: Any = None,
         # Called on the engine thread after each iteration (metrics); must not block.
         on_iteration: IterationCallback | None = None,
     ):
+        if (adapters is None) != (lora_slot is None):
+            raise ValueError("adapters and lora_slot go together")
         if runner.vocab_size != limits.vocab_size:
             raise ValueError(f"runner vocab {runner.vocab_size} != limits vocab {limits.vocab_size}")
         self.limits = limits
@@ -197,6 +209,8 @@ class Engine:
         self._context_requests = 0  # this iteration's prefills and their tokens, reset by _report_iteration
         self._context_tokens = 0
         self._reused_tokens = 0
+        self.adapters = adapters
+        self._lora_slot = lora_slot
         self._failure: BaseException | None = None  # why the engine thread died, if it did
         self._draining = False
         self._prefix_cache = PrefixCache(reuse) if reuse else None
@@ -394,10 +408,12 @@ class Engine:
             self._context_tokens += len(feed)
             self._reused_tokens += reused
             num_logits = len(feed) if request.return_context_logits else len(draft) + 1
-            logits = runner.forward(sequence.cache, feed, reused, num_logits)
+            with self._adapter(request):
+                logits = runner.forward(sequence.cache, feed, reused, num_logits)
         else:
             draft = ()
-            logits = runner.forward(sequence.cache, sequence.tokens[-1:], len(sequence.tokens) - 1, 1)
+            with self._adapter(request):
+                logits = runner.forward(sequence.cache, sequence.tokens[-1:], len(sequence.tokens) - 1, 1)
             sequence.cached = len(sequence.tokens)  # before this step appends
         context_logits = None
         if prefill and request.return_context_logits:
@@ -421,12 +437,18 @@ class Engine:
             reused_tokens=reused,
         )
 
+    def _adapter(self, request: GenerationRequest) -> ContextManager[None]:
+        """The scope of one forward pass of `request`: its LoRA adapter in the model, or the base model."""
+        if self._lora_slot is None:
+            return nullcontext()
+        return self._lora_slot.use(request.lora)
+
     def _take_cache(self, sequence: _Sequence) -> int:
         """Give a new sequence a cache: a parked one holding a prefix of its prompt if there is one, else an
         empty one. Returns how many prompt tokens the cache already holds."""
         hit = None
         if self._prefix_cache is not None and not sequence.request.return_context_logits:
-            hit = self._prefix_cache.take(sequence.tokens)
+            hit = self._prefix_cache.take(sequence.tokens, sequence.request.lora_serial)
         if hit is None:
             sequence.cache = self._runner.new_cache()
             return 0
@@ -441,7 +463,7 @@ class Engine:
         sequence.done = True
         # An error may have left the cache half-extended: only a cache known to be consistent is parked.
         if self._prefix_cache is not None and sequence.cache is not None and event.error is None:
-            self._prefix_cache.put(sequence.tokens[: sequence.cached], sequence.cache)
+            self._prefix_cache.put(sequence.tokens[: sequence.cached], sequence.cache, sequence.request.lora_serial)
         sequence.cache = None  # frees (or parks) the KV cache now, not when the bookkeeping drops the sequence
         sequence.sampler = None
         self._emit(sequence, event)
@@ -477,7 +499,19 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
     max_seq_len = settings.max_seq_len or model_max_len
     if max_seq_len > model_max_len:
         raise ValueError(f"max_seq_len {max_seq_len} exceeds the model's max_position_embeddings {model_max_len}")
+    adapters, lora_slot = None, None
+    if settings.lora_target_modules:
+        if settings.synthetic:
+            raise ValueError("LoRA (lora_target_modules) needs a model: the synthetic runner has none")
+        from embedded_engine.lora_layers import install_lora
+
+        layout = LoraLayout.from_config(loaded.config, settings.lora_target_modules, settings.max_lora_rank)
+        lora_slot = install_lora(loaded.model, layout)
+        adapters = LoraCache(layout, settings.lora_cache_host_memory_bytes)
+        if settings.lora_prefetch_dir:
+            task_ids = prefetch(adapters, Path(settings.lora_prefetch_dir))
+            log.info("LoRA: prefetched tasks %s from %s", task_ids, settings.lora_prefetch_dir)
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
                   max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope,
-                  on_iteration=on_iteration)
+                  adapters=adapters, lora_slot=lora_slot, on_iteration=on_iteration)

@@ -27,3 +27,10 @@ class EngineSettings:
     # > 0: each engine iteration (one token for every active sequence) lasts at least this long, as a GPU
     # decoding step does; with `synthetic`, a stand-in for a GPU engine's pace at any concurrency.
     step_ms: float = 0.0
+    # LoRA, as a TensorRT-LLM engine is built for it (--lora_target_modules, --max_lora_rank) and its backend caches
+    # adapters (lora_cache_host_memory_bytes, lora_prefetch_dir): no target modules, no LoRA (requests that carry
+    # LoRA inputs are refused by name, as an engine built without the LoRA plugin refuses them).
+    lora_target_modules: tuple[str, ...] = ()
+    max_lora_rank: int = 64
+    lora_cache_host_memory_bytes: int = 1 << 30
+    lora_prefetch_dir: str | None = None

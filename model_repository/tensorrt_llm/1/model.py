@@ -8,9 +8,10 @@ tensorrt_llm_python there) a request's responses go to the relay as frames (bls.
 sends them from C++ as TensorRT-LLM's C++ backend does.
 
 Model parameters: checkpoint_dir, max_seq_len, max_draft_len, max_active_requests,
-exclude_input_in_output, synthetic (benchmark runner, no model), torch_threads, and guided decoding's
+exclude_input_in_output, synthetic (benchmark runner, no model), torch_threads, guided decoding's
 guided_decoding_backend / xgrammar_tokenizer_info_path (the keys TensorRT-LLM 1.2.1's backend reads; the path
-relative to this folder unless absolute).
+relative to this folder unless absolute), and LoRA's lora_target_modules / max_lora_rank (what trtllm-build takes)
+with the backend's lora_cache_host_memory_bytes / lora_prefetch_dir (relative to this folder unless absolute).
 """
 
 from __future__ import annotations
@@ -88,6 +89,10 @@ class TritonPythonModel:
             max_active_requests=int(params.get("max_active_requests", DEFAULT_MAX_ACTIVE_REQUESTS)),
             max_queued_requests=int(params.get("max_queued_requests", DEFAULT_MAX_QUEUED_REQUESTS)),
             step_ms=float(params.get("step_ms", 0)),
+            lora_target_modules=tuple(name for name in params.get("lora_target_modules", "").split(",") if name),
+            max_lora_rank=int(params.get("max_lora_rank", 64)),
+            lora_cache_host_memory_bytes=int(params.get("lora_cache_host_memory_bytes", 1 << 30)),
+            lora_prefetch_dir=str(HERE / params["lora_prefetch_dir"]) if params.get("lora_prefetch_dir") else None,
         )
         # Behind a relay (the benchmark stand-in, RepositorySettings.engine_relay) responses go to it as frames,
         # a round of them in one write, and leave tritonserver from C++ as the C++ backend sends a step's.
@@ -169,7 +174,7 @@ class TritonPythonModel:
                 return
             generation = parse_generation_requests(
                 read_inputs(request, TENSORRT_LLM), request.request_id(), self._engine.limits, self._exclude_input,
-                arrival_ns, self._grammars,
+                arrival_ns, self._grammars, self._engine.adapters,
             )
             if not self._decoupled:
                 if generation[0].streaming:
