@@ -1,0 +1,491 @@
+"""The HTTP application: routes, authentication, request limits, and the OpenAI response shapes.
+
+Responses and stream chunks have the shapes of the official `openai` package's types (`ChatCompletion`,
+`ChatCompletionChunk`, `Completion`); errors are OpenAI's `{"error": {"message", "type", "param", "code"}}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import time
+import uuid
+from contextlib import aclosing, asynccontextmanager
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from bls.batch import MAX_JSON_DEPTH, refuse_deep_json
+from bls.errors import InvalidRequest
+from bls.text.chat import validate_chat
+from openai_api.errors import ApiError, invalid, unsupported
+from openai_api.generation import Calls, Delta, End, Event, Sampling, ToolMode, bls_inputs, choice_events, merged
+from openai_api.metrics import ApiMetrics
+from openai_api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, field_of
+from openai_api.tools import call_id, forced_call_schema
+from openai_api.triton import TritonBls, text
+
+log = logging.getLogger("openai_api")
+
+
+@dataclass(frozen=True)
+class Settings:
+    triton_grpc: str  # host:port of tritonserver's gRPC endpoint
+    model_name: str  # the id clients send as `model` and /v1/models lists
+    api_keys: tuple[str, ...] = ()  # none: no authentication
+    max_body_bytes: int = 8 * 1024 * 1024
+    default_max_tokens: int = 1024  # a request that sets no limit; finish_reason "length" says it was reached
+    created: int = 0  # /v1/models' `created`
+
+
+def create_app(settings: Settings) -> FastAPI:
+    metrics = ApiMetrics()
+    state: dict[str, TritonBls] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state["bls"] = TritonBls(settings.triton_grpc)
+        log.info("serving %r from tensorrt_llm_bls at %s", settings.model_name, settings.triton_grpc)
+        yield
+        await state["bls"].close()
+
+    app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, error: ApiError):
+        metrics.errors.labels(settings.model_name, str(error.status)).inc()
+        headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        kind = "not_found" if error.status_code == 404 else "invalid_request_error"
+        body = ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", type=kind).body()
+        return JSONResponse(body, status_code=error.status_code)
+
+    def authorize(request: Request) -> None:
+        if not settings.api_keys:
+            return
+        scheme, _, key = request.headers.get("authorization", "").partition(" ")
+        # Every key is compared, in constant time: neither the time nor the order says which one came close.
+        matches = [hmac.compare_digest(key.encode(), known.encode()) for known in settings.api_keys]
+        if scheme.lower() != "bearer" or not any(matches):
+            raise ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
+                           code="invalid_api_key")
+
+    def check_model(model: str) -> None:
+        if model != settings.model_name:
+            raise ApiError(404, f"model {model!r} does not exist; this server serves {settings.model_name!r}",
+                           param="model", code="model_not_found")
+
+    @app.get("/health/ready")
+    async def ready():
+        if await state["bls"].ready():
+            return Response(status_code=200)
+        return Response(status_code=503)
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    def model_card() -> dict:
+        return {"id": settings.model_name, "object": "model", "created": settings.created, "owned_by": "llama3-triton"}
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        authorize(request)
+        return {"object": "list", "data": [model_card()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(request: Request, model: str):
+        authorize(request)
+        check_model(model)
+        return model_card()
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        authorize(request)
+        body = await _parse(request, ChatCompletionRequest)
+        check_model(body.model)
+        body.check_supported()
+        prompt, tools = _chat_prompt(body)
+        max_tokens = body.output_limit() or settings.default_max_tokens
+        sampling = _sampling(body, max_tokens, logprobs=body.logprobs, guide=_chat_guide(body))
+        streams = [_choice(i, prompt, sampling, tools) for i in range(body.n)]
+        return await _respond(request, body, streams, _ChatShapes(body, settings.model_name))
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        authorize(request)
+        body = await _parse(request, CompletionRequest)
+        check_model(body.model)
+        body.check_supported()
+        prompts = body.prompts()
+        sampling = _sampling(body, body.max_tokens or settings.default_max_tokens,
+                             logprobs=body.logprobs is not None, guide=None)
+        streams = [_choice(p * body.n + i, {"text_input": text(prompt)}, sampling, None, seed_offset=i)
+                   for p, prompt in enumerate(prompts) for i in range(body.n)]
+        return await _respond(request, body, streams, _CompletionShapes(body, settings.model_name, prompts))
+
+    def _choice(index: int, prompt: dict, sampling: Sampling, tools: ToolMode | None, seed_offset: int | None = None):
+        inputs = bls_inputs(prompt, sampling, index if seed_offset is None else seed_offset)
+        return choice_events(state["bls"], inputs, index, sampling.stops, tools, metrics, settings.model_name,
+                             time.monotonic())
+
+    async def _respond(request: Request, body, streams: list[AsyncIterator[Event]], shapes: "_Shapes"):
+        metrics.in_flight.labels(settings.model_name).inc()
+        events = merged(streams)
+        if not body.stream:
+            try:
+                return JSONResponse(await _until_disconnected(request, _collect(events, shapes)))
+            finally:
+                metrics.in_flight.labels(settings.model_name).dec()
+        # The first event is awaited before the response starts, so a request Triton refuses gets its HTTP status.
+        try:
+            first = await anext(events)
+        except BaseException:
+            metrics.in_flight.labels(settings.model_name).dec()
+            await events.aclose()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+
+        async def sse() -> AsyncIterator[str]:
+            finished = False
+            try:
+                async with aclosing(events):
+                    for chunk in shapes.start_chunks():
+                        yield _sse(chunk)
+                    for chunk in shapes.chunks(first, include_usage):
+                        yield _sse(chunk)
+                    async for event in events:
+                        for chunk in shapes.chunks(event, include_usage):
+                            yield _sse(chunk)
+                    if include_usage:
+                        yield _sse(shapes.usage_chunk())
+                    yield "data: [DONE]\n\n"
+                    finished = True
+            except ApiError as error:  # after the response started: the stream's last event is the error
+                metrics.errors.labels(settings.model_name, str(error.status)).inc()
+                yield _sse(error.body())
+                finished = True
+            finally:
+                if not finished:
+                    metrics.disconnects.labels(settings.model_name).inc()
+                    log.info("client left %s; its generations are cancelled", request.url.path)
+                metrics.in_flight.labels(settings.model_name).dec()
+
+        return StreamingResponse(sse(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    async def _until_disconnected(request: Request, work):
+        """A non-streamed response's work, cancelled (and with it its BLS requests) when the client leaves."""
+        task = asyncio.ensure_future(work)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=0.25)
+                if done:
+                    return task.result()
+                if await request.is_disconnected():
+                    metrics.disconnects.labels(settings.model_name).inc()
+                    task.cancel()
+                    raise ApiError(499, "the client closed the connection", code="client_closed_request")
+        finally:
+            if not task.done():
+                task.cancel()
+
+    return app
+
+
+# ---- requests ---------------------------------------------------------------------------------------------------------
+async def _parse(request: Request, model: type[BaseModel]):
+    """The body as `model`: JSON nested at most MAX_JSON_DEPTH levels (as the Triton side), no NaN or infinities,
+    every field known (a field this server does not take is a 400 naming it)."""
+    raw = await request.body()
+    try:
+        payload = raw.decode("utf-8")
+        refuse_deep_json(payload, "body", MAX_JSON_DEPTH)
+        data = json.loads(payload, parse_constant=_refuse_constant)
+    except InvalidRequest as error:
+        raise invalid(None, str(error)) from None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise invalid(None, f"the body is not valid JSON ({error})") from None
+    if not isinstance(data, dict):
+        raise invalid(None, "the body must be a JSON object")
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors()[0]
+        param = field_of(first["loc"])
+        if first["type"] == "extra_forbidden":
+            raise unsupported(param) from None
+        raise invalid(param, first["msg"]) from None
+
+
+def _refuse_constant(name: str):
+    raise InvalidRequest("body", f"{name} is not a number JSON allows")
+
+
+def _sampling(body, max_tokens: int, logprobs: bool, guide) -> Sampling:
+    defaults = Sampling(max_tokens=max_tokens, stops=[])
+    return Sampling(max_tokens=max_tokens, stops=body.stop_strings(),
+                    temperature=defaults.temperature if body.temperature is None else body.temperature,
+                    top_p=defaults.top_p if body.top_p is None else body.top_p, seed=body.seed, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                    logprobs=logprobs, guide=guide)
+
+
+def _chat_prompt(body: ChatCompletionRequest) -> tuple[dict, ToolMode | None]:
+    """The BLS's `messages` input (the conversation as data: our preprocessing applies the template) and how the
+    output is read for tool calls."""
+    messages = [_message(index, message) for index, message in enumerate(body.messages)]
+    chat: Any = {"messages": messages, "tools": body.tools} if body.tools else messages
+    try:
+        validate_chat(json.loads(json.dumps(chat)), "messages")  # the preprocessing's own checks, answered here
+    except InvalidRequest as error:
+        raise invalid("messages" if "tool" not in error.problem or not body.tools else "tools", error.problem) \
+            from None
+    tools = None
+    if body.tools and body.tool_choice != "none":
+        names = frozenset(tool["function"]["name"] for tool in body.tools)
+        if isinstance(body.tool_choice, NamedToolChoice) and body.tool_choice.function.name not in names:
+            raise invalid("tool_choice", f"names {body.tool_choice.function.name!r}, which is not in tools")
+        forced = body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)
+        tools = ToolMode("forced" if forced else "auto", names)
+    return {"messages": text(json.dumps(chat, ensure_ascii=False))}, tools
+
+
+def _message(index: int, message: dict) -> dict:
+    """An OpenAI message as our `messages` takes it: text parts joined, "developer" (OpenAI's newer name for the
+    system role) as "system"; what Llama 3 cannot take is refused naming it."""
+    message = dict(message)
+    where = f"messages[{index}]"
+    if "name" in message:
+        raise unsupported(f"{where}.name", "is not supported: Llama 3's template has no participant names")
+    if message.get("role") == "developer":
+        message["role"] = "system"
+    content = message.get("content")
+    if isinstance(content, list):
+        parts = []
+        for part_index, part in enumerate(content):
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise unsupported(f"{where}.content[{part_index}]", "only text parts are supported (a text model)")
+            parts.append(part["text"])
+        message["content"] = "".join(parts)
+    if content is None and message.get("tool_calls"):
+        message["content"] = ""
+    return message
+
+
+def _chat_guide(body: ChatCompletionRequest) -> tuple[str, str | None] | None:
+    if body.tools and (body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)):
+        name = body.tool_choice.function.name if isinstance(body.tool_choice, NamedToolChoice) else None
+        return "json_schema", json.dumps(forced_call_schema(body.tools, name))
+    if body.response_format is None or body.response_format.type == "text":
+        return None
+    if body.response_format.type == "json_object":
+        return "json", None
+    return "json_schema", json.dumps(body.response_format.json_schema.schema_)
+
+
+def _sse(chunk: dict) -> str:
+    return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
+
+
+# ---- responses --------------------------------------------------------------------------------------------------------
+async def _collect(events: AsyncIterator[Event], shapes: "_Shapes") -> dict:
+    async with aclosing(events):
+        async for event in events:
+            shapes.add(event)
+    return shapes.response()
+
+
+class _Shapes:
+    """Turns a request's events into its response (non-streamed) or chunks (streamed), counting usage."""
+
+    def __init__(self, model: str, n_choices: int, id_prefix: str):
+        self.id = f"{id_prefix}-{uuid.uuid4().hex}"
+        self.created = int(time.time())
+        self.model = model
+        self.n_choices = n_choices
+        self.prompt_tokens: dict[int, int] = {}
+        self.completion_tokens = 0
+
+    def count(self, event: End, prompt_group: int) -> None:
+        # A prompt is counted once however many choices it has (as OpenAI counts n > 1).
+        self.prompt_tokens[prompt_group] = event.prompt_tokens
+        self.completion_tokens += event.completion_tokens
+
+    def usage(self) -> dict:
+        prompt = sum(self.prompt_tokens.values())
+        return {"prompt_tokens": prompt, "completion_tokens": self.completion_tokens,
+                "total_tokens": prompt + self.completion_tokens}
+
+    def usage_chunk(self) -> dict:
+        return {**self._chunk_head(), "choices": [], "usage": self.usage()}
+
+    def _chunk_head(self) -> dict:
+        raise NotImplementedError
+
+    def start_chunks(self) -> list[dict]:
+        return []
+
+
+class _ChatShapes(_Shapes):
+    def __init__(self, body: ChatCompletionRequest, model: str):
+        super().__init__(model, body.n, "chatcmpl")
+        self.logprobs = body.logprobs
+        self.choices = [{"index": i, "message": {"role": "assistant", "content": None}, "finish_reason": None,
+                         "logprobs": {"content": []} if body.logprobs else None} for i in range(body.n)]
+        self.texts = [[] for _ in range(body.n)]
+
+    def _chunk_head(self) -> dict:
+        return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
+
+    def add(self, event: Event) -> None:
+        choice = self.choices[event.index]
+        if isinstance(event, Delta):
+            self.texts[event.index].append(event.text)
+            if self.logprobs:
+                choice["logprobs"]["content"] += _chat_logprobs(event.logprobs)
+        elif isinstance(event, Calls):
+            choice["message"]["tool_calls"] = [
+                {"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+                for c in event.calls]
+        else:
+            self.count(event, 0)
+            choice["finish_reason"] = event.finish_reason
+            text = "".join(self.texts[event.index])
+            if text or "tool_calls" not in choice["message"]:
+                choice["message"]["content"] = text
+
+    def response(self) -> dict:
+        return {"id": self.id, "object": "chat.completion", "created": self.created, "model": self.model,
+                "choices": self.choices, "usage": self.usage()}
+
+    def start_chunks(self) -> list[dict]:
+        # The role goes once per choice, first, as OpenAI streams it.
+        return [self._chunk(i, {"role": "assistant", "content": ""}) for i in range(self.n_choices)]
+
+    def _chunk(self, index: int, delta: dict, finish_reason: str | None = None, logprobs=None) -> dict:
+        return {**self._chunk_head(), "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason,
+                                                   "logprobs": logprobs}], "usage": None}
+
+    def chunks(self, event: Event, include_usage: bool) -> list[dict]:
+        if isinstance(event, Delta):
+            logprobs = {"content": _chat_logprobs(event.logprobs)} if self.logprobs else None
+            return [self._chunk(event.index, {"content": event.text}, logprobs=logprobs)]
+        if isinstance(event, Calls):
+            # Per call: its id, type and name once, then the arguments (openai-python concatenates fragments).
+            out = []
+            for position, call in enumerate(event.calls):
+                head = {"index": position, "id": call_id(), "type": "function",
+                        "function": {"name": call.name, "arguments": ""}}
+                out.append(self._chunk(event.index, {"tool_calls": [head]}))
+                out.append(self._chunk(event.index, {"tool_calls": [{"index": position,
+                                                                     "function": {"arguments": call.arguments}}]}))
+            return out
+        self.count(event, 0)
+        return [self._chunk(event.index, {}, finish_reason=event.finish_reason)]
+
+
+def _chat_logprobs(entries: list[tuple[str, float]]) -> list[dict]:
+    return [{"token": token, "logprob": lp, "bytes": list(token.encode()), "top_logprobs": []}
+            for token, lp in entries]
+
+
+class _CompletionShapes(_Shapes):
+    def __init__(self, body: CompletionRequest, model: str, prompts: list[str]):
+        super().__init__(model, len(prompts) * body.n, "cmpl")
+        self.n = body.n
+        self.echo = body.echo
+        self.prompts = prompts
+        self.logprobs = body.logprobs is not None
+        self.texts: list[list[str]] = [[prompts[i // body.n]] if body.echo else [] for i in range(self.n_choices)]
+        self.entries: list[list[tuple[str, float]]] = [[] for _ in range(self.n_choices)]
+        self.finish: list[str | None] = [None] * self.n_choices
+        self.echoed: set[int] = set()
+
+    def _chunk_head(self) -> dict:
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
+
+    def add(self, event: Event) -> None:
+        if isinstance(event, Delta):
+            self.texts[event.index].append(event.text)
+            self.entries[event.index] += event.logprobs
+        elif isinstance(event, End):
+            self.count(event, event.index // self.n)
+            self.finish[event.index] = event.finish_reason
+
+    def response(self) -> dict:
+        choices = [{"index": i, "text": "".join(self.texts[i]), "finish_reason": self.finish[i],
+                    "logprobs": _completion_logprobs(self.entries[i]) if self.logprobs else None}
+                   for i in range(self.n_choices)]
+        return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model,
+                "choices": choices, "usage": self.usage()}
+
+    def _chunk(self, index: int, text_: str, finish_reason=None, logprobs=None) -> dict:
+        return {**self._chunk_head(), "choices": [{"index": index, "text": text_, "finish_reason": finish_reason,
+                                                   "logprobs": logprobs}], "usage": None}
+
+    def start_chunks(self) -> list[dict]:
+        return [self._chunk(i, self.prompts[i // self.n]) for i in range(self.n_choices)] if self.echo else []
+
+    def chunks(self, event: Event, include_usage: bool) -> list[dict]:
+        if isinstance(event, Delta):
+            logprobs = _completion_logprobs(event.logprobs) if self.logprobs else None
+            return [self._chunk(event.index, event.text, logprobs=logprobs)]
+        if isinstance(event, End):
+            self.count(event, event.index // self.n)
+            return [self._chunk(event.index, "", finish_reason=event.finish_reason)]
+        return []
+
+
+def _completion_logprobs(entries: list[tuple[str, float]]) -> dict:
+    offsets, position = [], 0
+    for token, _ in entries:
+        offsets.append(position)
+        position += len(token)
+    return {"tokens": [t for t, _ in entries], "token_logprobs": [lp for _, lp in entries],
+            "top_logprobs": None, "text_offset": offsets}
+
+
+class _BodyLimit:
+    """Refuses a request body over max_bytes with 413 (by its Content-Length, and while it is read: chunked bodies
+    declare none), before any of it is parsed."""
+
+    def __init__(self, app: Callable, max_bytes: int):
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        too_large = ApiError(413, f"the request body exceeds {self.max_bytes} bytes", code="request_too_large")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            return await JSONResponse(too_large.body(), status_code=413)(scope, receive, send)
+        received = 0
+
+        async def limited_receive():
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    raise too_large
+            return message
+
+        try:
+            await self.app(scope, limited_receive, send)
+        except ApiError as error:
+            if error is not too_large:
+                raise
+            await JSONResponse(too_large.body(), status_code=413)(scope, receive, send)

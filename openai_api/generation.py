@@ -1,0 +1,197 @@
+"""One choice of a chat or text completion: the BLS request it becomes, and the events its stream turns into.
+
+Every choice streams from tensorrt_llm_bls (also for a non-streamed HTTP response, which is the events collected),
+so log probabilities, stop strings and tool calls have one path. `n` choices are `n` BLS requests, run at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import time
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import numpy as np
+
+from openai_api.metrics import ApiMetrics
+from openai_api.stops import StopStrings
+from openai_api.tools import ParsedCall, may_be_call, parse_calls
+from openai_api.triton import TritonBls, scalar, text
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What every choice of a request shares. Temperature and top_p default to OpenAI's documented 1 (the engine's
+    own default, without them, is greedy decoding)."""
+
+    max_tokens: int
+    stops: list[str]
+    temperature: float = 1.0
+    top_p: float = 1.0
+    seed: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logprobs: bool = False
+    guide: tuple[str, str | None] | None = None  # (guided_decoding_guide_type, guide)
+
+
+@dataclass(frozen=True)
+class ToolMode:
+    """How a choice's text is read: "auto" (a call if it parses as one, else text), "forced" (the grammar made it a
+    call), with the names of the defined tools."""
+
+    kind: str
+    names: frozenset[str]
+
+
+@dataclass
+class Delta:
+    index: int
+    text: str
+    logprobs: list[tuple[str, float]] = field(default_factory=list)  # (token text, log prob)
+
+
+@dataclass
+class Calls:
+    index: int
+    calls: list[ParsedCall]
+
+
+@dataclass
+class End:
+    index: int
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+
+
+Event = Delta | Calls | End
+
+
+def bls_inputs(prompt: dict[str, np.ndarray], sampling: Sampling, choice: int) -> dict[str, np.ndarray]:
+    """The BLS request of one choice. With a seed, choice i samples with seed + i, so the choices differ and each
+    is reproducible; without one, each choice draws a random seed (TensorRT-LLM's default seed is the same for every
+    request, so unseeded requests would all sample alike)."""
+    inputs = dict(prompt)
+    inputs["max_tokens"] = scalar(sampling.max_tokens, np.int32)
+    inputs["stream"] = scalar(True, bool)
+    for name, value in (("temperature", sampling.temperature), ("top_p", sampling.top_p),
+                        ("presence_penalty", sampling.presence_penalty),
+                        ("frequency_penalty", sampling.frequency_penalty)):
+        if value is not None:
+            inputs[name] = scalar(value, np.float32)
+    seed = secrets.randbits(63) if sampling.seed is None else (sampling.seed + choice) % 2**64
+    inputs["seed"] = scalar(seed, np.uint64)
+    if sampling.stops:
+        inputs["stop_words"] = np.array([[s.encode() for s in sampling.stops]], dtype=object)
+    if sampling.logprobs:
+        inputs["return_log_probs"] = scalar(True, bool)
+    if sampling.guide is not None:
+        kind, guide = sampling.guide
+        inputs["guided_decoding_guide_type"] = text(kind)
+        if guide is not None:
+            inputs["guided_decoding_guide"] = text(guide)
+    return inputs
+
+
+async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: int, stops: list[str],
+                        tools: ToolMode | None, metrics: ApiMetrics, model: str, arrived: float,
+                        ) -> AsyncIterator[Event]:
+    """The events of one choice: text deltas (with their tokens' log probabilities), or the tool calls the text
+    turned out to be, then its End.
+
+    1. Each BLS response's text goes through the stop strings (held back while it may begin one).
+    2. Where the text may be a tool call (auto: it starts like one; forced: always), it is held to the end and
+       parsed there; text that cannot be a call goes out as it comes.
+    3. A met stop string ends the text, not the request: the engine stops at the string's tokens, and its final
+       response carries the token counts.
+    """
+    stop = StopStrings(stops)
+    holding = tools is not None
+    held = ""
+    held_logprobs: list[tuple[str, float]] = []
+    last_text_at = None
+    async with aclosing(bls.generate(inputs)) as responses:
+        async for response in responses:
+            now = time.monotonic()
+            if response.text:
+                if last_text_at is None:
+                    metrics.time_to_first_token.labels(model).observe(now - arrived)
+                else:
+                    metrics.inter_token_latency.labels(model).observe(now - last_text_at)
+                last_text_at = now
+            out = stop.push(response.text)
+            if response.finish_reason is not None:
+                out += stop.finish()
+            logprobs = _token_logprobs(response.text, response.log_probs)
+            if holding:
+                held += out
+                held_logprobs += logprobs
+                if tools.kind == "auto" and not may_be_call(held):
+                    holding = False
+                    out, logprobs, held, held_logprobs = held, held_logprobs, "", []
+            if not holding and (out or logprobs):
+                yield Delta(index, out, logprobs)
+            if response.finish_reason is None:
+                continue
+            reason = "stop" if stop.stopped else response.finish_reason
+            if holding:
+                calls = parse_calls(held, set(tools.names))
+                if calls:
+                    yield Calls(index, calls)
+                    reason = "tool_calls" if reason == "stop" else reason
+                elif held or held_logprobs:
+                    yield Delta(index, held, held_logprobs)
+            prompt_tokens, completion_tokens = response.num_input_tokens or 0, response.num_output_tokens or 0
+            metrics.request_duration.labels(model).observe(time.monotonic() - arrived)
+            metrics.prompt_tokens.labels(model).inc(prompt_tokens)
+            metrics.generation_tokens.labels(model).inc(completion_tokens)
+            metrics.finished.labels(model, reason).inc()
+            yield End(index, reason, prompt_tokens, completion_tokens)
+
+
+def _token_logprobs(delta: str, log_probs: list[float]) -> list[tuple[str, float]]:
+    """(token text, log prob) for the tokens of one response. One token per response is the rule (the engine
+    streams each token); where the server merged several into one response, their text cannot be told apart and
+    goes with the last of them."""
+    if not log_probs:
+        return []
+    return [("", lp) for lp in log_probs[:-1]] + [(delta, log_probs[-1])]
+
+
+async def merged(streams: list[AsyncIterator[Event]]) -> AsyncIterator[Event]:
+    """The events of several choices as they come. Leaving early cancels every choice (and so its BLS request)."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for event in only:
+                yield event
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    done = object()
+
+    async def pump(stream: AsyncIterator[Event]) -> None:
+        try:
+            async with aclosing(stream) as events:
+                async for event in events:
+                    queue.put_nowait(event)
+            queue.put_nowait(done)
+        except Exception as error:  # noqa: BLE001 - handed to the consumer, which raises it
+            queue.put_nowait(error)
+
+    tasks = [asyncio.create_task(pump(stream)) for stream in streams]
+    try:
+        remaining = len(tasks)
+        while remaining:
+            item = await queue.get()
+            if item is done:
+                remaining -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,42 @@
+"""The API's Prometheus metrics (GET /metrics), in a registry of its own, every series labelled by model.
+
+Latencies are seen from this process: from the HTTP request's arrival to the first text of a choice (time to first
+token), between a choice's successive responses with text (inter-token latency: one response per token unless
+the server merged some), and to a choice's end (end-to-end).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds: 1 ms to 60 s for the first token and end to end; 0.5 ms to 2.5 s between tokens.
+_TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5)
+_E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.time_to_first_token = Histogram(
+            "llama3_api_time_to_first_token_seconds", "Request arrival to the first text of a choice",
+            ["model"], buckets=_TTFT_BUCKETS, registry=r)
+        self.inter_token_latency = Histogram(
+            "llama3_api_inter_token_latency_seconds", "Time between a choice's successive streamed responses",
+            ["model"], buckets=_ITL_BUCKETS, registry=r)
+        self.request_duration = Histogram(
+            "llama3_api_e2e_request_latency_seconds", "Request arrival to a choice's end",
+            ["model"], buckets=_E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(
+            "llama3_api_prompt_tokens", "Prompt tokens of finished choices", ["model"], registry=r)
+        self.generation_tokens = Counter(
+            "llama3_api_generation_tokens", "Generated tokens of finished choices", ["model"], registry=r)
+        self.finished = Counter(
+            "llama3_api_request_success", "Finished choices by finish_reason", ["model", "finish_reason"], registry=r)
+        self.errors = Counter(
+            "llama3_api_request_errors", "Requests answered with an error, by HTTP status", ["model", "status"],
+            registry=r)
+        self.disconnects = Counter(
+            "llama3_api_client_disconnects", "Generations cancelled because the client left", ["model"], registry=r)
+        self.in_flight = Gauge("llama3_api_requests_in_flight", "Requests being served", ["model"], registry=r)

@@ -1,0 +1,116 @@
+"""tensorrt_llm_bls over gRPC: one bidirectional stream per generation (tritonclient's asyncio client).
+
+A generation is an async iterator of BLS responses; leaving it early (the HTTP client went away, a stop string was
+met) cancels the gRPC call, which Triton turns into the request's cancellation: the BLS stops the engine
+(docs/design.md, "Streaming, speculation, cancellation").
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+from typing import AsyncIterator
+
+import numpy as np
+import tritonclient.grpc.aio as grpcclient
+from tritonclient.utils import InferenceServerException, np_to_triton_dtype
+
+from openai_api.errors import ApiError, from_triton
+
+BLS_MODEL = "tensorrt_llm_bls"
+_OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_log_probs")
+
+
+@dataclass
+class BlsResponse:
+    """One streamed response of tensorrt_llm_bls: the text it adds, and what the final one carries."""
+
+    text: str
+    log_probs: list[float] = field(default_factory=list)  # one per token this response adds (when asked)
+    finish_reason: str | None = None  # set on the final response only
+    num_input_tokens: int | None = None
+    num_output_tokens: int | None = None
+
+
+def _tensor(name: str, value: np.ndarray) -> grpcclient.InferInput:
+    item = grpcclient.InferInput(name, list(value.shape), np_to_triton_dtype(value.dtype))
+    item.set_data_from_numpy(value)
+    return item
+
+
+def scalar(value, dtype) -> np.ndarray:
+    return np.array([[value]], dtype=dtype)
+
+
+def text(value: str) -> np.ndarray:
+    return np.array([[value.encode()]], dtype=object)
+
+
+class TritonBls:
+    """The connection to tritonserver's gRPC endpoint (one channel, shared by every request of this process)."""
+
+    def __init__(self, url: str, model: str = BLS_MODEL):
+        self.url = url
+        self.model = model
+        self._client = grpcclient.InferenceServerClient(url)
+
+    async def close(self) -> None:
+        await self._client.close()
+
+    async def ready(self) -> bool:
+        try:
+            return await self._client.is_server_ready() and await self._client.is_model_ready(self.model)
+        except InferenceServerException:
+            return False
+
+    async def generate(self, inputs: dict[str, np.ndarray]) -> AsyncIterator[BlsResponse]:
+        """The BLS's responses to one streamed request, the final one last (it carries finish_reason). Raises ApiError
+        for an error Triton answers with. Closing the iterator before the end cancels the request."""
+        request_id = uuid.uuid4().hex
+
+        async def requests():
+            yield {"model_name": self.model, "inputs": [_tensor(k, v) for k, v in inputs.items()],
+                   "outputs": [grpcclient.InferRequestedOutput(name) for name in _OUTPUTS], "request_id": request_id}
+
+        try:
+            stream = self._client.stream_infer(requests())
+        except InferenceServerException as error:
+            raise ApiError(503, f"tritonserver at {self.url}: {error.message()}", type="server_error",
+                           code="unavailable", retry_after=1) from None
+        try:
+            async for result, error in stream:
+                if error is not None:
+                    raise from_triton(error.message())
+                response = _read(result)
+                yield response
+                if response.finish_reason is not None:
+                    return
+            raise ApiError(502, f"tritonserver ended the stream of request {request_id} without a final response",
+                           type="server_error", code="bad_gateway")
+        except InferenceServerException as error:  # the channel failed mid-stream
+            raise ApiError(503, f"tritonserver at {self.url}: {error.message()}", type="server_error",
+                           code="unavailable", retry_after=1) from None
+        finally:
+            # Cancelling a call that has ended is a no-op; one that has not (the client left, a stop string was met)
+            # is cancelled on the server, which stops the engine.
+            stream.cancel()
+
+
+def _read(result) -> BlsResponse:
+    def value(name):
+        array = result.as_numpy(name)
+        return None if array is None else array.reshape(-1)
+
+    texts = value("text_output")
+    response = BlsResponse("".join(t.decode() for t in texts) if texts is not None else "")
+    log_probs = value("output_log_probs")
+    if log_probs is not None:
+        response.log_probs = [float(x) for x in log_probs]
+    reason = value("finish_reason")
+    if reason is not None:
+        response.finish_reason = reason[0].decode()
+    for name in ("num_input_tokens", "num_output_tokens"):
+        counts = value(name)
+        if counts is not None:
+            setattr(response, name, int(counts[0]))
+    return response
