@@ -17,7 +17,7 @@ TEST_SETUP := $(TEST_VENV)/.installed
 else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test]"
+INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test,api]"
 TEST_PY := $(PY)
 TEST_SETUP := setup
 endif
@@ -89,6 +89,12 @@ HTTP_PORT ?= 8000
 GRPC_PORT ?= 8001
 METRICS_PORT ?= 8002
 SERVER_URL ?=
+# The OpenAI-compatible API `make serve` / `make serve-only` start beside tritonserver (docs/openai.md): loopback by
+# default; API_PORT=0: none; API_KEY=...: clients must send it (Authorization: Bearer), kept in a 0600 file, not argv.
+API_HOST ?= 127.0.0.1
+API_PORT ?= 9000
+API_KEY ?=
+API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
 
 .PHONY: setup repo serve serve-only check-repo test bench soak dist clean distclean help
@@ -126,15 +132,21 @@ repo: setup
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
 	    $(SIZING)
 
+# The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
-	    --metrics-port $(METRICS_PORT)
+	    --metrics-port $(METRICS_PORT) --api-host $(API_HOST) --api-port $(API_PORT) --api-python $(TEST_PY) \
+	    $(if $(API_KEY),--api-key-file $(API_KEY_FILE))
+export API_KEY
+WRITE_API_KEY = $(if $(API_KEY),@umask 077 && mkdir -p build && printf '%s\n' "$$API_KEY" > $(API_KEY_FILE),@:)
 
 serve: repo
+	$(WRITE_API_KEY)
 	$(SERVE)
 
 # An existing repository (e.g. one `make repo ENGINE=trtllm` built in the 26.07 container), served as it is: no
 # set-up, no build; the launch mode and world size come from its repository.json. check-repo runs first.
-serve-only: check-repo
+serve-only: check-repo $(if $(filter-out 0,$(API_PORT)),$(TEST_SETUP))
+	$(WRITE_API_KEY)
 	$(SERVE)
 
 # The static load check (engine_build/check_repo.py); needs only Python and this checkout, no set-up.

@@ -315,20 +315,59 @@ def launch(repo: Path, ports: ServerPorts, address: str = "0.0.0.0", extra_args:
     return command, env
 
 
-def serve(repo: Path, ports: ServerPorts) -> int:
-    """Run tritonserver in the foreground (logs to the terminal) and print a working request once ready."""
+@dataclass(frozen=True)
+class ApiSettings:
+    """The OpenAI-compatible API (openai_api) that `serve` starts beside tritonserver."""
+
+    host: str = "127.0.0.1"
+    port: int = 9000
+    key_file: Path | None = None
+    python: Path = Path(sys.executable)  # the interpreter that has the `api` extra (the container: the client venv)
+
+
+def api_command(api: ApiSettings, repo: Path, grpc_port: int) -> list[str]:
+    command = [str(api.python), "-m", "openai_api", "--triton-grpc", f"127.0.0.1:{grpc_port}",
+               "--host", api.host, "--port", str(api.port), "--repo", str(repo)]
+    return command + (["--api-key-file", str(api.key_file)] if api.key_file else [])
+
+
+def _api_is_ready(api: ApiSettings) -> bool:
+    host = "127.0.0.1" if api.host in ("0.0.0.0", "::") else api.host
+    try:
+        with urllib.request.urlopen(f"http://{host}:{api.port}/health/ready", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
+
+
+def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int:
+    """Run tritonserver in the foreground (logs to the terminal), then the OpenAI-compatible API beside it (unless
+    api is None), and print working requests once both are ready. Either process ending stops the other."""
     command, env = launch(repo, ports)
     if warning := http_queue_warning():
         print(warning, file=sys.stderr, flush=True)
     overrides = " ".join(f"{key}={env[key]}" for key in ORCHESTRATOR_ENVIRONMENT if key in env)
     print("+ " + (overrides + " " if overrides else "") + " ".join(command), flush=True)
     process = subprocess.Popen(command, env=env)
+    api_process: subprocess.Popen | None = None
     signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
     try:
         while not is_ready(f"127.0.0.1:{ports.http}"):
             if process.poll() is not None:
                 return process.returncode
             time.sleep(0.5)
+        if api is not None:
+            argv = api_command(api, repo, ports.grpc)
+            print("+ " + " ".join(argv), flush=True)
+            api_process = subprocess.Popen(argv)
+            while not _api_is_ready(api):
+                if api_process.poll() is not None:
+                    print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver",
+                          file=sys.stderr, flush=True)
+                    process.send_signal(signal.SIGINT)
+                    process.wait()
+                    return api_process.returncode or 1
+                time.sleep(0.5)
         print(
             "\n=== tritonserver is ready ===\n"
             f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
@@ -340,10 +379,41 @@ def serve(repo: Path, ports: ServerPorts) -> int:
             f"metrics: curl -s localhost:{ports.metrics}/metrics   (Ctrl-C stops the server)\n",
             flush=True,
         )
-        return process.wait()
+        if api is not None:
+            print(_openai_snippet(api), flush=True)
+        while True:
+            if process.poll() is not None:
+                return process.returncode
+            if api_process is not None and api_process.poll() is not None:
+                print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver",
+                      file=sys.stderr, flush=True)
+                process.send_signal(signal.SIGINT)
+                process.wait()
+                return api_process.returncode or 1
+            time.sleep(0.5)
     except KeyboardInterrupt:
         process.send_signal(signal.SIGINT)
         return process.wait()
+    finally:
+        if api_process is not None and api_process.poll() is None:
+            api_process.terminate()
+            api_process.wait()
+
+
+def _openai_snippet(api: ApiSettings) -> str:
+    host = "localhost" if api.host in ("127.0.0.1", "0.0.0.0", "::") else api.host
+    key = f"open('{api.key_file}').readline().strip()" if api.key_file else '"unused"'
+    return (
+        f"=== OpenAI-compatible API: http://{host}:{api.port}/v1 (docs/openai.md) ===\n"
+        "python - <<'EOF'\n"
+        "from openai import OpenAI\n"
+        f"client = OpenAI(base_url=\"http://{host}:{api.port}/v1\", api_key={key})\n"
+        "model = client.models.list().data[0].id\n"
+        "reply = client.chat.completions.create(model=model, max_tokens=32,\n"
+        "    messages=[{\"role\": \"user\", \"content\": \"What is Triton?\"}])\n"
+        "print(reply.choices[0].message.content)\n"
+        "EOF\n"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -355,6 +425,11 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--http-port", type=int, default=8000)
     run.add_argument("--grpc-port", type=int, default=8001)
     run.add_argument("--metrics-port", type=int, default=8002)
+    run.add_argument("--api-port", type=int, default=9000, help="the OpenAI-compatible API's port (0: no API)")
+    run.add_argument("--api-host", default="127.0.0.1", help="the API's address (default: loopback only)")
+    run.add_argument("--api-key-file", type=Path, help="the API's keys, one a line (default: no authentication)")
+    run.add_argument("--api-python", type=Path, default=Path(sys.executable),
+                     help="the Python that runs the API (it needs the `api` extra)")
     args = parser.parse_args(argv)
     if args.command == "install-stub":
         target = install_stub()
@@ -362,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
-    return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port))
+    api = ApiSettings(args.api_host, args.api_port, args.api_key_file, args.api_python) if args.api_port else None
+    return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port), api)
 
 
 if __name__ == "__main__":
