@@ -229,3 +229,18 @@ genai-perf: setup $(PERF_VENV)/.installed $(GENAI_PERF_VENV)/.installed
 # ensemble and BLS, beside the seeds' figures (tools/gpu_bench.py). Not run in this repository's development.
 gpu-bench: setup $(PERF_VENV)/.installed $(GENAI_PERF_VENV)/.installed
 	$(PY) -m tools.gpu_bench --repo $(REPO) --perf-venv $(PERF_VENV) --genai-venv $(GENAI_PERF_VENV)
+
+# ---- Kubernetes and Prometheus (docs/operations.md, "Kubernetes") ---------------------------------------------------
+# make k8s: deploy/ rendered for REPO (its repository.json: GPUs = TP x PP, the serve path) into build/k8s/ and
+# validated against Kubernetes' schemas. K8S_VALUES=my.yaml is merged over deploy/values.yaml; K8S_SET="a.b=c ...";
+# PROMETHEUS_OPERATOR_CRDS=<the operator's example/prometheus-operator-crd> validates the PodMonitor and
+# PrometheusRule against their CRDs too.
+K8S_OUT ?= build/k8s
+K8S_VALUES ?=
+K8S_SET ?=
+k8s: setup
+	@test -f $(REPO)/repository.json || $(MAKE) repo
+	$(PY) -m deploy.render --repo $(REPO) --out $(K8S_OUT) $(if $(K8S_VALUES),--values $(K8S_VALUES)) \
+	    $(if $(K8S_SET),--set "$(K8S_SET)")
+
+.PHONY: k8s
