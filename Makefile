@@ -30,6 +30,9 @@ HF_MODEL ?=
 DRAFT_HF_MODEL ?=
 # ENGINE=trtllm draft: none (bf16, TensorRT-LLM's documented draft-target choice) or awq.
 DRAFT_QUANT ?= none
+# LORA_DIR=<dir>: one Hugging Face PEFT LoRA adapter per subfolder (its name is the adapter's), converted and served
+# by name (lora_name) or task id (docs/lora.md).
+LORA_DIR ?=
 TP ?= 1
 PP ?= 1
 # DECOUPLED=false: unary (non-streaming) models, for clients that use ModelInfer (upstream's decoupled_mode).
@@ -127,7 +130,7 @@ endif
 repo: setup
 	$(BUILD) repo --engine $(ENGINE) --repo $(REPO) --assets $(ASSETS) \
 	    $(if $(HF_MODEL),--hf-model $(HF_MODEL)) $(if $(DRAFT_HF_MODEL),--draft-hf-model $(DRAFT_HF_MODEL)) \
-	    --draft-quant $(DRAFT_QUANT) \
+	    --draft-quant $(DRAFT_QUANT) $(if $(LORA_DIR),--lora-dir $(LORA_DIR)) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
 	    $(SIZING)

@@ -205,6 +205,10 @@ PREPROCESSING = ModelContract(
         _scalar("RANDOM_SEED", "TYPE_UINT64", extension=True),
         _scalar("MIN_TOKENS", "TYPE_INT32", extension=True),
         _scalar("MIN_LENGTH", "TYPE_INT32", extension=True),
+        # The adapter: NVIDIA's lora_task_id, or our lora_name looked up in the repository's adapter table (the
+        # ensemble can map only one of its inputs to the engine's lora_task_id, so both meet here and leave as one).
+        _scalar("LORA_TASK_ID", "TYPE_UINT64", extension=True),
+        _scalar("LORA_NAME", "TYPE_STRING", extension=True),
     ),
     outputs=(
         _t("INPUT_ID", "TYPE_INT32", [-1]),
@@ -220,6 +224,7 @@ PREPROCESSING = ModelContract(
         _t("OUT_PROMPT_TABLE_EXTRA_IDS", "TYPE_UINT64", [-1]),
         _scalar("OUT_SEED", "TYPE_UINT64", extension=True),
         _scalar("OUT_MIN_TOKENS", "TYPE_INT32", extension=True),
+        _scalar("OUT_LORA_TASK_ID", "TYPE_UINT64", extension=True),
     ),
 )
 
@@ -290,6 +295,7 @@ _TEXT_API_INPUTS = (
     _scalar("lora_task_id", "TYPE_UINT64"),
     _t("lora_weights", "TYPE_FP16", [-1, -1], **_RAGGED),
     _t("lora_config", "TYPE_INT32", [-1, 3], **_RAGGED),
+    _scalar("lora_name", "TYPE_STRING", extension=True),  # an adapter of the repository, by name (make repo LORA_DIR)
     _scalar("guided_decoding_guide_type", "TYPE_STRING", **_RAGGED),
     _scalar("guided_decoding_guide", "TYPE_STRING", **_RAGGED),
 )
@@ -339,6 +345,8 @@ TEXT_TO_PREPROCESSING = {
     "pad_id": "PAD_ID",
     "prompt_table_extra_id": "PROMPT_TABLE_EXTRA_ID",
     **{text: pre for text, (pre, _) in RENAMED_INPUTS.items()},
+    "lora_task_id": "LORA_TASK_ID",
+    "lora_name": "LORA_NAME",
 }
 # preprocessing output -> engine input (Llama is decoder-only: DECODER_INPUT_ID is not passed on)
 PREPROCESSING_TO_ENGINE = {
@@ -353,6 +361,7 @@ PREPROCESSING_TO_ENGINE = {
     "OUT_PROMPT_TABLE_EXTRA_IDS": "prompt_table_extra_ids",
     "OUT_SEED": "seed",
     "OUT_MIN_TOKENS": "min_tokens",
+    "OUT_LORA_TASK_ID": "lora_task_id",
 }
 # text API input -> engine input, passed through unchanged in value (absent, the engine's parameter decides:
 # exclude_input_in_output, as upstream's ensemble maps it)
@@ -376,7 +385,6 @@ TEXT_TO_ENGINE = {
     "stream": "streaming",
     "prompt_embedding_table": "prompt_embedding_table",
     "prompt_vocab_size": "prompt_vocab_size",
-    "lora_task_id": "lora_task_id",
     "lora_weights": "lora_weights",
     "lora_config": "lora_config",
     "guided_decoding_guide_type": "guided_decoding_guide_type",

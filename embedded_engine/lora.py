@@ -23,6 +23,7 @@ with; embedded_engine.lora_layers applies them to the model. Sources (read for /
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import logging
 import threading
@@ -125,6 +126,7 @@ class LoraAdapter:
 
     task_id: int
     weights: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]]
+    digest: bytes = b""  # of the tensors it was parsed from: the same tensors sent again are the same adapter
     serial: int = field(default_factory=lambda: next(_serials))
 
     @property
@@ -136,14 +138,14 @@ class LoraAdapter:
         return max((a.shape[0] for a, _ in self.weights.values()), default=0)
 
 
+def _unbatched(array: np.ndarray) -> np.ndarray:
+    return array[0] if array.ndim == 3 and array.shape[0] == 1 else array
+
+
 def adapter_from_tensors(task_id: int, weights: np.ndarray, config: np.ndarray, layout: LoraLayout) -> LoraAdapter:
     """Parse one task's `lora_weights` [N, W] and `lora_config` [N, 3] (a leading batch dim of 1 is accepted, as in
     the prefetch files), with loraUtils.cpp's checks; every problem an InvalidRequest naming the tensor and row."""
-    weights, config = np.asarray(weights), np.asarray(config)
-    if weights.ndim == 3 and weights.shape[0] == 1:
-        weights = weights[0]
-    if config.ndim == 3 and config.shape[0] == 1:
-        config = config[0]
+    weights, config = _unbatched(np.asarray(weights)), _unbatched(np.asarray(config))
     if weights.ndim != 2:
         raise InvalidRequest("lora_weights", f"must have shape [rows, values], got {list(weights.shape)}")
     if config.ndim != 2 or config.shape[1] not in (3, 4):
@@ -187,7 +189,15 @@ def adapter_from_tensors(task_id: int, weights: np.ndarray, config: np.ndarray, 
         a = flat[: rank * fan_in].reshape(rank, fan_in).copy()
         b = flat[rank * fan_in : size].reshape(fan_out, rank).copy()
         parsed[(name, layer)] = (a, b)
-    return LoraAdapter(int(task_id), parsed)
+    return LoraAdapter(int(task_id), parsed, tensors_digest(weights, config))
+
+
+def tensors_digest(weights: np.ndarray, config: np.ndarray) -> bytes:
+    digest = hashlib.blake2b(digest_size=16)
+    for array in (weights, config):
+        digest.update(str((array.dtype.str, array.shape)).encode())
+        digest.update(np.ascontiguousarray(array).tobytes())
+    return digest.digest()
 
 
 class LoraCache:
@@ -214,7 +224,9 @@ class LoraCache:
 
     def resolve(self, task_id: int | None, weights: np.ndarray | None, config: np.ndarray | None) -> LoraAdapter | None:
         """The adapter of one request: its weights, parsed and cached (replacing the task's earlier ones), or the
-        cached weights of its task id. None without a task id and weights (no LoRA)."""
+        cached weights of its task id. None without a task id and weights (no LoRA). Weights sent again for a task
+        that holds the very same ones (a client that always sends them, the BLS's speculative rounds) are not parsed
+        again: the cached adapter serves, and with it the KV cache its sequences left."""
         if weights is None and config is None:
             return None if task_id is None else self.get(task_id)
         if weights is None or config is None:
@@ -223,6 +235,12 @@ class LoraCache:
         if task_id is None:
             raise InvalidRequest("lora_task_id", "is required with lora_weights and lora_config (the id later "
                                                  "requests of this adapter send alone)")
+        weights, config = np.asarray(weights), np.asarray(config)
+        with self._lock:
+            cached = self._adapters.get(task_id)
+            if cached is not None and cached.digest == tensors_digest(_unbatched(weights), _unbatched(config)):
+                self._adapters.move_to_end(task_id)
+                return cached
         adapter = adapter_from_tensors(task_id, weights, config, self.layout)
         self.put(adapter)
         return adapter

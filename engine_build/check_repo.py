@@ -7,7 +7,9 @@ A static check, without tritonserver, a GPU or TensorRT-LLM, of every model agai
   what the container installs (engine_build/container_python.py);
 - tensors, dtypes, dims, reshapes against bls/contract.py (held to NVIDIA's 1.2.1 contracts by
   tests/unit/test_contract.py); the decoupled policy; the ensemble's wiring and batch sizes; the models the BLS names;
-- every file against repository.json (what each Python model verifies at load).
+- every file against repository.json (what each Python model verifies at load);
+- the LoRA adapters repository.json records: preprocessing's name table, the engine's prefetch folder and the files in
+  it (engine_build/lora.py repository_problems).
 Exit status 1 when anything would fail; what cannot be checked here is printed as such.
 """
 
@@ -117,7 +119,29 @@ def check_repository(repo: Path) -> Report:
             report.fail(name, f"listed in {MANIFEST} but missing from the repository")
     for model in models.values():
         _check_model(model, models, manifest, report)
+    _check_lora(models, manifest, report)
     return report
+
+
+def _check_lora(models: dict[str, Model], manifest: dict, report: Report) -> None:
+    from engine_build.lora import repository_problems
+
+    engine = next((models[name] for name in ("tensorrt_llm_python", "tensorrt_llm") if name in models
+                   and models[name].backend in ("python", "tensorrtllm")), None)
+    if engine is None or "preprocessing" not in models:
+        return
+
+    def served_prefetch_dir(value: str) -> Path:
+        if engine.backend == "python":
+            return engine.directory / "1" / value
+        if not Path(value).is_absolute():
+            report.cannot_check(engine.name, f"lora_prefetch_dir {value} is relative to tritonserver's working "
+                                             "directory")
+        return served_path(engine, value, report)
+
+    for problem in repository_problems(manifest, engine.backend, engine.parameters, served_prefetch_dir,
+                                       models["preprocessing"].parameters.get("lora_adapters")):
+        report.fail(engine.name, problem)
 
 
 def _check_model(model: Model, models: dict[str, Model], manifest: dict, report: Report) -> None:

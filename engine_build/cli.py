@@ -21,11 +21,11 @@ from pathlib import Path
 from engine_build.gpu_plan import PROFILES, Profile, profile_with
 from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
-from engine_build.settings_args import bls_settings, text_instance_settings
+from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm_flow import build_trtllm_repository
 
 # The tensorrt_llm parameters that hold absolute paths into the repository (where it is served).
-RELOCATED_PARAMETERS = ("gpt_model_path", "xgrammar_tokenizer_info_path")
+RELOCATED_PARAMETERS = ("gpt_model_path", "xgrammar_tokenizer_info_path", "lora_prefetch_dir")
 ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
 
 
@@ -82,7 +82,7 @@ def cmd_quantize(args) -> None:
         return
     calib = args.calib.read_text().split("\n\n") if args.calib else None
     quantize_awq(args.hf_model, args.out, calib_texts=calib, tp_size=args.tp, pp_size=args.pp,
-                 kv_cache_dtype=args.kv_cache_dtype)
+                 kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype)
 
 
 def cmd_build(args) -> None:
@@ -104,7 +104,7 @@ def cmd_assemble(args) -> None:
         decoupled=args.decoupled, query_special_tokens=args.query_special_tokens,
         exclude_input_in_output=args.exclude_input_in_output, world_size=args.tp * args.pp,
         max_draft_len=args.max_draft_len, guided_decoding=args.guided_decoding,
-        **bls_settings(args), **text_instance_settings(args),
+        **bls_settings(args), **text_instance_settings(args), **lora_settings(args),
     )
     out = assemble_repository(args.repo, settings)
     _stage(f"model repository ready: {out}")
@@ -217,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="fp8: FP8 KV-cache quantizers calibrated with the weights (Ada/Hopper GPUs)")
     p.add_argument("--calib", type=Path, help="calibration text file (paragraphs separated by blank lines)")
+    p.add_argument("--dtype", choices=("auto", "float16", "bfloat16"), default="auto",
+                   help="AWQ: the unquantized tensors' dtype (auto: the checkpoint's; float16 for a LoRA engine)")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
     p.set_defaults(func=cmd_quantize)
@@ -264,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
                             "tokenizer info file beside each engine); none leaves its keys unset")
         p.add_argument("--tp", type=int, default=1)
         p.add_argument("--pp", type=int, default=1)
+        p.add_argument("--lora-dir", type=Path,
+                       help="LoRA: one Hugging Face PEFT adapter per subfolder, named by it (engine_build/lora.py)")
+        p.add_argument("--max-lora-rank", type=int, default=64,
+                       help="LoRA: the largest adapter rank the engine takes (trtllm-build's --max_lora_rank)")
         if name == "assemble":
             p.add_argument("--tokenizer", type=Path, required=True)
             p.add_argument("--target", type=Path, required=True)

@@ -33,9 +33,10 @@ from pathlib import Path
 
 import numpy as np
 
+from bls.lora_names import format_adapter_table
 from embedded_engine.lora import (
-    DEFAULT_MAX_LORA_RANK, LLAMA_MODULES, MODULES_BY_NAME, MODULES_BY_PEFT_NAME, PREFETCH_CONFIG, PREFETCH_WEIGHTS,
-    LoraLayout,
+    DEFAULT_LORA_CACHE_BYTES, DEFAULT_MAX_LORA_RANK, LLAMA_MODULES, MODULE_NAMES, MODULES_BY_NAME, MODULES_BY_PEFT_NAME,
+    PREFETCH_CONFIG, PREFETCH_WEIGHTS, LoraLayout, read_prefetch_adapter,
 )
 
 ADAPTER_CONFIG = "adapter_config.json"
@@ -188,8 +189,8 @@ def write_prefetch_dir(adapters: list[ConvertedAdapter], dest: Path) -> None:
 
 
 def adapter_table(adapters: list[ConvertedAdapter]) -> str:
-    """`name=task_id,...`: the lora_adapters parameter the text models look names up in (bls.lora_names)."""
-    return ",".join(f"{adapter.name}={adapter.task_id}" for adapter in adapters)
+    """The lora_adapters parameter preprocessing looks names up in (bls.lora_names)."""
+    return format_adapter_table({adapter.name: adapter.task_id for adapter in adapters})
 
 
 def _adapter_settings(path: Path) -> dict:
@@ -250,3 +251,99 @@ def _adapter_tensors(path: Path) -> dict[str, np.ndarray]:
     else:
         tensors = torch.load(str(file), map_location="cpu", weights_only=True)
     return {key: value.float().numpy() for key, value in tensors.items()}
+
+
+def lora_cache_bytes(adapters: list[ConvertedAdapter], bytes_per_value: int) -> int:
+    """A LoRA host cache that holds every prefetched adapter twice over (room for as many sent with requests), and
+    never less than the backend's default (1 GB)."""
+    values = sum(adapter.weights.size for adapter in adapters)
+    return max(DEFAULT_LORA_CACHE_BYTES, 2 * values * bytes_per_value)
+
+
+def base_llama_config(checkpoint: Path):
+    """The LlamaConfig adapters are checked against: an HF checkpoint's, a TensorRT-LLM checkpoint's or a built
+    engine's (its pretrained_config)."""
+    from transformers import LlamaConfig
+
+    from embedded_engine.checkpoint import CheckpointError, is_trtllm_config, llama_config_from_trtllm
+
+    config_file = Path(checkpoint) / "config.json"
+    if not config_file.is_file():
+        raise AdapterError(f"the base {checkpoint} has no config.json to check the adapters against")
+    raw = json.loads(config_file.read_text())
+    raw = raw.get("pretrained_config", raw)
+    try:
+        if is_trtllm_config(raw):
+            return llama_config_from_trtllm(raw)
+    except CheckpointError as error:
+        raise AdapterError(f"the base {checkpoint}: {error}") from None
+    if raw.get("architectures") != ["LlamaForCausalLM"]:
+        raise AdapterError(f"the base {checkpoint} is {raw.get('architectures')}, not LlamaForCausalLM: LoRA here is "
+                           "for Llama")
+    return LlamaConfig.from_pretrained(str(checkpoint))
+
+
+def repository_problems(manifest: dict, engine_backend: str, engine_params: dict[str, str],
+                        served_prefetch_dir, adapter_table_text: str | None) -> list[str]:
+    """What `make check-repo` finds wrong with a repository's LoRA adapters (engine_build/check_repo.py reports each
+    against tensorrt_llm): the adapters repository.json records against preprocessing's name table, the prefetch
+    folder the engine's config names and the files in it, as the backend loads them at start-up (a file that does not
+    load fails the engine's load).
+
+    `served_prefetch_dir(value)`: this repository's copy of the folder a lora_prefetch_dir value names (absolute for the
+    C++ backend, relative to the version folder for the embedded engine)."""
+    from bls.lora_names import parse_adapter_table
+
+    adapters = manifest.get("lora_adapters") or []
+    problems = []
+    try:
+        table = parse_adapter_table(adapter_table_text)
+    except ValueError as error:
+        return [f"preprocessing: {error}"]
+    recorded = {adapter["name"]: adapter["task_id"] for adapter in adapters}
+    if table != recorded:
+        problems.append(f"preprocessing's lora_adapters {table} differ from {recorded} in repository.json: names would "
+                        "select other adapters")
+    if len(set(recorded.values())) != len(recorded):
+        problems.append(f"two adapters share a task id: {recorded}")
+    prefetch_value = engine_params.get("lora_prefetch_dir", "")
+    if not adapters:
+        return problems
+    if not prefetch_value or prefetch_value.startswith("${"):
+        return problems + ["lora_prefetch_dir is unset: the adapters repository.json lists are never loaded, and a "
+                           "request naming one fails ('not found in cache')"]
+    folder = served_prefetch_dir(prefetch_value)
+    max_rank = int(manifest.get("max_lora_rank") or DEFAULT_MAX_LORA_RANK)
+    built = set(filter(None, engine_params.get("lora_target_modules", "").split(","))) \
+        if engine_backend == "python" else None
+    for adapter in adapters:
+        name, task_id = adapter["name"], adapter["task_id"]
+        where = f"adapter {name!r} (task {task_id}) in {prefetch_value}/{task_id}"
+        try:
+            weights, config = read_prefetch_adapter(folder / str(task_id))
+        except (OSError, ValueError) as error:
+            problems.append(f"{where}: {error}")
+            continue
+        if weights.dtype != np.float16 or weights.ndim != 3 or weights.shape[0] != 1:
+            problems.append(f"{where}: {PREFETCH_WEIGHTS} is {weights.dtype} {list(weights.shape)}; the engine takes "
+                            "float16 [1, rows, values] (Triton's TYPE_FP16 lora_weights)")
+            continue
+        if config.dtype != np.int32 or config.ndim != 3 or config.shape[:2] != (1, weights.shape[1]) \
+                or config.shape[2] != 3:
+            problems.append(f"{where}: {PREFETCH_CONFIG} is {config.dtype} {list(config.shape)}; it must be int32 "
+                            f"[1, {weights.shape[1]}, 3] (module_id, layer, rank per weights row)")
+            continue
+        ranks = set(config[0, :, 2].tolist())
+        if ranks != {adapter["rank"]}:
+            problems.append(f"{where}: ranks {sorted(ranks)} in its files, {adapter['rank']} in repository.json")
+        if max(ranks) > max_rank:
+            problems.append(f"{where}: rank {max(ranks)} is above the engine's max_lora_rank {max_rank}")
+        modules = {MODULE_NAMES.get(module_id, str(module_id)) for module_id in config[0, :, 0].tolist()}
+        unknown = sorted(modules - set(MODULES_BY_NAME))
+        if unknown:
+            problems.append(f"{where}: modules {unknown} are not Llama projections")
+        if built is not None and modules - built:
+            problems.append(f"{where}: modules {sorted(modules - built)} are not in the engine's lora_target_modules "
+                            f"{sorted(built)}")
+    return problems
+

@@ -21,6 +21,8 @@ from typing import Literal
 
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
+from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, convert_lora_dir, lora_cache_bytes, \
+    write_prefetch_dir
 from engine_build.render import render_model_config
 from engine_build.trtllm_config import (
     FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
@@ -176,6 +178,12 @@ class RepositorySettings:
     # engine); none leaves its three keys unset, as upstream's template does.
     guided_decoding: GuidedDecoding = "xgrammar"
     plan: dict | None = None  # the engine plan and capacity check of `make repo ENGINE=trtllm`, for the record
+    # LoRA (engine_build/lora.py): one PEFT adapter per subfolder of lora_dir, checked against lora_base's config
+    # (default: the target checkpoint's; ENGINE=trtllm: the HF checkpoint) and converted into the target engine's
+    # prefetch folder; the engine takes ranks up to max_lora_rank (trtllm-build's --max_lora_rank default).
+    lora_dir: Path | None = None
+    lora_base: Path | None = None
+    max_lora_rank: int = 64
 
 
 class RepositoryError(RuntimeError):
@@ -189,6 +197,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     if settings.bls_instance_count is None:
         settings = replace(settings, bls_instance_count=default_bls_instance_count(relayed))
     engine_models = [TARGET_MODEL] + ([DRAFT_MODEL] if settings.draft else [])
+    adapters = _convert_adapters(settings)
     common = {
         "triton_max_batch_size": settings.triton_max_batch_size,
         "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
@@ -202,6 +211,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "add_special_tokens": settings.add_special_tokens,
         "query_special_tokens": settings.query_special_tokens,
         "max_input_len": settings.max_input_len,
+        "lora_adapters": adapter_table(adapters),
     })
     _write_model(out, "postprocessing", tokenizer=settings.tokenizer_dir, values={
         "triton_max_batch_size": settings.triton_max_batch_size,
@@ -253,10 +263,28 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         shutil.copy2(relay_library, handoff_dir / "1" / RELAY_LIBRARY)  # one library, each model's role in its config
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
-        _write_engine_model(out, name, source, settings, relay_library)
+        _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
 
-    _write_manifest(out, settings)
+    _write_manifest(out, settings, adapters)
     return out
+
+
+def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:
+    """The adapters of settings.lora_dir in the backend's format, checked against the base (engine_build/lora.py)."""
+    if settings.lora_dir is None:
+        return []
+    if settings.synthetic:
+        raise RepositoryError("LORA_DIR needs a model: the synthetic benchmark engine has none")
+    from engine_build.lora import AdapterError, base_llama_config
+
+    try:
+        adapters = convert_lora_dir(settings.lora_dir, base_llama_config(settings.lora_base or settings.target),
+                                    settings.max_lora_rank)
+    except AdapterError as error:
+        raise RepositoryError(f"LORA_DIR {settings.lora_dir}: {error}") from None
+    print("[repo] LoRA adapters for tensorrt_llm/1/lora (task id: name, rank, modules): " + "; ".join(
+        f"{a.task_id}: {a.name}, r={a.rank}, {' '.join(a.modules)}" for a in adapters), flush=True)
+    return adapters
 
 
 def _bls_admission(settings: RepositorySettings, relayed: bool) -> str:
@@ -340,10 +368,12 @@ def compile_relay(library: Path) -> None:
         raise RepositoryError(f"compiling the relay (relay/) failed (exit {result.returncode}):\n{result.stderr}")
 
 
-def _write_manifest(out: Path, settings: RepositorySettings) -> None:
+def _write_manifest(out: Path, settings: RepositorySettings, adapters: list[ConvertedAdapter]) -> None:
     """repository.json: the build settings (source paths on the build machine, for the record only: no config
-    uses them), the versions it was built with, the models, and a SHA-256 per file the models verify."""
+    uses them), the versions it was built with, the models, the LoRA adapters (names, task ids, ranks, their prefetch
+    folders relative to the engine's version folder), and a SHA-256 per file the models verify."""
     manifest = {key: (str(v.resolve()) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
+    manifest["lora_adapters"] = [adapter.record for adapter in adapters]
     manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
     manifest["versions"] = {name: _version(name) for name in BUILT_WITH}
     manifest["files"] = file_checksums(out)
@@ -389,10 +419,11 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
 
 
 def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings,
-                        relay_library: Path | None) -> None:
+                        relay_library: Path | None, adapters: list[ConvertedAdapter]) -> None:
     """`relay_library`: the repository's relay library, where it is built (_use_relay); the engine gets a copy with
-    engine_relay."""
+    engine_relay. `adapters`: the LoRA adapters this engine serves, written to its prefetch folder."""
     is_draft = name == DRAFT_MODEL
+    lora_modules = sorted({module for adapter in adapters for module in adapter.modules})
     common = {
         "model_name": name,
         "triton_max_batch_size": settings.triton_max_batch_size,
@@ -432,8 +463,10 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
             "step_ms": settings.step_ms,
             "engine_instance_count": settings.engine_instance_count,
             "torch_threads": settings.torch_threads,
+            **_embedded_lora_values(adapters, settings.max_lora_rank),
         }, template=TEMPLATES / TARGET_MODEL / "embedded.config.pbtxt", source_name=TARGET_MODEL)
         _link_tree(source, target / "1" / CHECKPOINT_DIR)
+        write_prefetch_dir(adapters, target / "1" / PREFETCH_DIR)
         write_xgrammar_tokenizer_info(settings.tokenizer_dir, target / "1" / XGRAMMAR_TOKENIZER_INFO)
         return
 
@@ -455,6 +488,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         "enable_chunked_context": settings.enable_chunked_context,
         "exclude_input_in_output": settings.exclude_input_in_output,
         **guided_decoding_values(settings.guided_decoding, served_version_dir),
+        **_trtllm_lora_values(adapters, settings.max_lora_rank, served_version_dir),
     }
     if settings.draft:  # orchestrator mode: both models' ranks on GPUs 0..world_size-1 (same TP x PP)
         parameters["gpu_device_ids"] = ",".join(str(gpu) for gpu in range(settings.world_size))
@@ -462,6 +496,7 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         parameters["max_tokens_in_paged_kv_cache"] = settings.draft_max_kv_tokens
     if settings.guided_decoding == "xgrammar":
         write_xgrammar_tokenizer_info(settings.tokenizer_dir, version_dir / XGRAMMAR_TOKENIZER_INFO)
+    write_prefetch_dir(adapters, version_dir / PREFETCH_DIR)
     config = render_model_config(TEMPLATES / TARGET_MODEL / "config.pbtxt",
                                  {**common, **engine_parameter_values(parameters)}, contract_name=TARGET_MODEL)
     (out / name / "config.pbtxt").write_text(config)
@@ -469,6 +504,37 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         from engine_build.trtllm import copy_engine
 
         copy_engine(source, version_dir)
+
+
+def _embedded_lora_values(adapters: list[ConvertedAdapter], max_lora_rank: int) -> dict:
+    """The embedded engine's LoRA parameters: what trtllm-build would be given (target modules, max rank) and the
+    backend's cache keys; no adapters, no LoRA (empty target modules)."""
+    from engine_build.lora import complete_modules
+
+    modules = complete_modules({module for adapter in adapters for module in adapter.modules})
+    return {
+        "lora_target_modules": ",".join(modules),
+        "max_lora_rank": max_lora_rank,
+        # The engine holds fp32 copies (4 bytes a value).
+        "lora_cache_host_memory_bytes": lora_cache_bytes(adapters, bytes_per_value=4),
+        "lora_prefetch_dir": PREFETCH_DIR if adapters else "",
+    }
+
+
+def _trtllm_lora_values(adapters: list[ConvertedAdapter], max_lora_rank: int, served_version_dir: Path) -> dict:
+    """The C++ backend's LoRA parameters (model_instance_state.cc getPeftCacheConfigFromParams), sized from the
+    adapters: a cache page fits the largest adapter rank (optimal adapter size), the maximum is the engine's
+    max_lora_rank (the backend clamps both to it), the host cache holds every prefetched adapter twice over, and the
+    prefetch folder is absolute where the repository is served (the backend opens it as given). Without adapters all
+    stay unset, as upstream's template leaves them."""
+    if not adapters:
+        return {}
+    return {
+        "lora_cache_optimal_adapter_size": max(adapter.rank for adapter in adapters),
+        "lora_cache_max_adapter_size": max_lora_rank,
+        "lora_cache_host_memory_bytes": lora_cache_bytes(adapters, bytes_per_value=2),
+        "lora_prefetch_dir": str(served_version_dir / PREFETCH_DIR),
+    }
 
 
 def _copy_tokenizer(source: Path, dest: Path) -> None:

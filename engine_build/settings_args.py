@@ -17,6 +17,16 @@ def bls_settings(args) -> dict:
     return {**settings, "bls_instance_count": args.bls_instances}
 
 
+def lora_settings(args) -> dict:
+    """LoRA from the command line (make repo LORA_DIR=...): the adapters' folder and the largest rank the engine
+    takes; nothing without --lora-dir."""
+    if getattr(args, "lora_dir", None) is None:
+        return {}
+    if args.max_lora_rank < 1:
+        raise SystemExit(f"--max-lora-rank must be at least 1 (got {args.max_lora_rank})")
+    return {"lora_dir": args.lora_dir, "max_lora_rank": args.max_lora_rank}
+
+
 def text_instance_settings(args) -> dict:
     """The ensemble's sizing from the command line, where given (else RepositorySettings' host-sized defaults):
     preprocessing's and postprocessing's instance counts and the handoff's sender threads."""

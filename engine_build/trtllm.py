@@ -22,6 +22,8 @@ TRTLLM_VERSION = "1.2.1"
 # (25.12-26.02 ship 1.1.0, 26.03 ships 1.2.0); 26.07 is the newest of them.
 TRITON_TRTLLM_CONTAINER = "nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3"
 DRAFT_TOKENS_EXTERNAL = "draft_tokens_external"
+# The LoRA plugin's dtype, and so the engine's: Triton's lora_weights are TYPE_FP16 (upstream's config.pbtxt).
+LORA_PLUGIN_DTYPE = "float16"
 
 
 class GpuStageError(RuntimeError):
@@ -38,6 +40,8 @@ def trtllm_build_command(
     max_num_tokens: int,
     max_draft_len: int = 0,
     workers: int = 1,
+    lora_target_modules: tuple[str, ...] = (),
+    max_lora_rank: int = 0,
 ) -> list[str]:
     """argv of `trtllm-build` for a Llama engine served by Triton's inflight batcher.
 
@@ -45,6 +49,11 @@ def trtllm_build_command(
     decoding needs KV-cache reuse on both engines. max_draft_len > 0 builds a target that accepts
     `draft_input_ids` from an external draft model. `--gemm_plugin auto` covers the unquantized GEMMs
     (lm_head); the AWQ GEMMs use the weight-only groupwise plugin, which the checkpoint selects.
+    lora_target_modules (TensorRT-LLM module names, engine_build/lora.py) build the LoRA plugin for serving-time
+    adapters: `--lora_plugin float16` (the checkpoint is exported float16 for it: the runtime takes lora_weights only
+    in the engine's dtype, and Triton's contract declares them TYPE_FP16, as NVIDIA's LoRA example builds), the
+    modules, and `--max_lora_rank`; no `--lora_dir`, which would bake one adapter's configuration into the engine
+    (tensorrt_llm/commands/build.py, lora-1.2.md section 1).
     """
     if max_input_len >= max_seq_len:
         raise ValueError(f"max_input_len ({max_input_len}) must be below max_seq_len ({max_seq_len})")
@@ -69,6 +78,11 @@ def trtllm_build_command(
     ]
     if max_draft_len:
         command += ["--speculative_decoding_mode", DRAFT_TOKENS_EXTERNAL, "--max_draft_len", str(max_draft_len)]
+    if lora_target_modules:
+        if max_lora_rank < 1:
+            raise ValueError(f"max_lora_rank must be >= 1 with LoRA target modules, got {max_lora_rank}")
+        command += ["--lora_plugin", LORA_PLUGIN_DTYPE, "--lora_target_modules", *lora_target_modules,
+                    "--max_lora_rank", str(max_lora_rank)]
     return command
 
 

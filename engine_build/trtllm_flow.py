@@ -20,7 +20,7 @@ from engine_build.gpu_plan import (
 )
 from engine_build.check_repo import check_repository
 from engine_build.repository import RepositorySettings, assemble_repository
-from engine_build.settings_args import bls_settings, text_instance_settings
+from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm import trtllm_build_command
 
 
@@ -53,6 +53,9 @@ class GpuPlan:
     target_engine: Path
     draft_checkpoint: Path | None
     draft_engine: Path | None
+    # LoRA (LORA_DIR): the target engine's --lora_target_modules and --max_lora_rank (engine_build/lora.py).
+    lora_target_modules: tuple[str, ...] = ()
+    max_lora_rank: int = 0
 
     @property
     def world_size(self) -> int:
@@ -65,11 +68,13 @@ class GpuPlan:
             builds.append(("draft", self.draft_checkpoint, self.draft_engine, 0))
         return builds
 
-    def build_options(self, max_draft_len: int) -> dict:
+    def build_options(self, max_draft_len: int, lora: bool = False) -> dict:
         profile = self.profile
         return dict(max_batch_size=profile.max_batch_size, max_input_len=profile.max_input_len,
                     max_seq_len=profile.max_seq_len, max_num_tokens=profile.max_num_tokens,
-                    max_draft_len=max_draft_len, workers=self.world_size)
+                    max_draft_len=max_draft_len, workers=self.world_size,
+                    **(dict(lora_target_modules=self.lora_target_modules, max_lora_rank=self.max_lora_rank)
+                       if lora and self.lora_target_modules else {}))
 
     def commands(self, repo: Path) -> list[Command]:
         from serving.tritonserver import CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, server_command
@@ -77,16 +82,19 @@ class GpuPlan:
         python = [sys.executable, "-m", "engine_build"]
         ranks = ["--tp", str(self.tp), "--pp", str(self.pp)]
         kv = ["--kv-cache-dtype", self.kv_cache_dtype] if self.kv_cache_dtype != "auto" else []
+        # A LoRA engine is float16: the runtime takes lora_weights in the engine's dtype only (engine_build/trtllm.py).
+        lora_dtype = ["--dtype", "float16"] if self.lora_target_modules else []
         steps = [Command("target: AWQ int4 (group 128) TensorRT-LLM checkpoint (nvidia-modelopt)",
                          [*python, "quantize", "--hf-model", str(self.target_hf), "--out", str(self.target_checkpoint),
-                          *ranks, *kv])]
+                          *ranks, *kv, *lora_dtype])]
         if self.draft_hf is not None:
             steps.append(Command(f"draft: {'unquantized' if self.draft_quant == 'none' else 'AWQ int4'} checkpoint",
                                  [*python, "quantize", "--hf-model", str(self.draft_hf), "--out",
                                   str(self.draft_checkpoint), "--quantization", self.draft_quant, *ranks, *kv]))
         for role, checkpoint, engine, draft_len in self.engine_builds():
             steps.append(Command(f"{role}: trtllm-build",
-                                 trtllm_build_command(checkpoint, engine, **self.build_options(draft_len))))
+                                 trtllm_build_command(checkpoint, engine,
+                                                      **self.build_options(draft_len, lora=role == "target"))))
         orchestrator = self.draft_hf is not None
         engines = ("tensorrt_llm", "tensorrt_llm_draft") if orchestrator else ("tensorrt_llm",)
         steps.append(Command(
@@ -115,7 +123,7 @@ class GpuPlan:
             draft_kv_cache_fraction=DRAFT_KV_FRACTION,
             draft_max_kv_tokens=self.capacity.kv_cache_tokens if self.draft_hf else None,
             engines_built=not args.dry_run, serve_path=args.serve_path, guided_decoding=args.guided_decoding,
-            **bls_settings(args), **text_instance_settings(args),
+            **bls_settings(args), **text_instance_settings(args), **lora_settings(args), lora_base=self.target_hf,
             plan={"profile": asdict(profile), "kv_cache_dtype": self.kv_cache_dtype, "tp": self.tp, "pp": self.pp,
                   "draft_quant": self.draft_quant if self.draft_hf else None, "capacity": self.capacity.as_dict(),
                   "quantization": {"model_gib": round(self.quantization.model_bytes / GiB, 1),
@@ -170,6 +178,17 @@ def plan(args) -> GpuPlan:
                                       gpus=visible_gpu_count() or args.tp * args.pp, gpu_memory_bytes=memory)
     if not quantization.fits:
         raise SystemExit(quantization.report())
+    lora_modules, largest_rank = (), 0
+    if args.lora_dir is not None:
+        from engine_build.lora import AdapterError, adapter_modules
+
+        try:
+            lora_modules, largest_rank = adapter_modules(args.lora_dir)
+        except AdapterError as error:
+            raise SystemExit(f"LORA_DIR: {error}") from None
+        if largest_rank > args.max_lora_rank:
+            raise SystemExit(f"LORA_DIR {args.lora_dir}: an adapter has rank {largest_rank}, above --max-lora-rank "
+                             f"{args.max_lora_rank}")
     assets = args.assets
     return GpuPlan(
         profile=profile, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp, pp=args.pp, target_hf=args.hf_model,
@@ -177,6 +196,7 @@ def plan(args) -> GpuPlan:
         capacity=capacity, quantization=quantization, target_checkpoint=assets / "target-awq", target_engine=assets / "target-engine",
         draft_checkpoint=assets / "draft-checkpoint" if draft else None,
         draft_engine=assets / "draft-engine" if draft else None,
+        lora_target_modules=lora_modules, max_lora_rank=args.max_lora_rank if lora_modules else 0,
     )
 
 

@@ -18,6 +18,7 @@ import numpy as np
 
 from bls.errors import InvalidRequest
 from bls.batch import BatchInputs
+from bls.lora_names import lora_task_ids
 from bls.text.chat import parse_chat
 from bls.text.tokenizer import TokenizerBundle
 from bls.word_lists import stack_word_lists
@@ -48,6 +49,7 @@ class Preprocessor:
     query_special_tokens: "text" (default) encodes special-token strings in QUERY as text; "parse" lets
         trusted clients send pre-rendered prompts with control tokens (a leading BOS string then
         replaces the BOS add_special_tokens would add).
+    lora_adapters: the repository's LoRA adapters, {name: task id} (bls.lora_names): LORA_NAME selects one.
     """
 
     def __init__(
@@ -57,6 +59,7 @@ class Preprocessor:
         add_special_tokens: bool = True,
         max_input_len: int | None = None,
         query_special_tokens: QuerySpecialTokens = "text",
+        lora_adapters: dict[str, int] | None = None,
     ):
         if query_special_tokens not in ("text", "parse"):
             raise ValueError(f"query_special_tokens must be 'text' or 'parse', not {query_special_tokens!r}")
@@ -64,6 +67,7 @@ class Preprocessor:
         self.add_special_tokens = add_special_tokens
         self.max_input_len = max_input_len
         self.parse_query_special_tokens = query_special_tokens == "parse"
+        self.lora_adapters = lora_adapters or {}
 
     def __call__(self, inputs: Tensors) -> Tensors:
         if "REQUEST_OUTPUT_LEN" not in inputs:
@@ -115,6 +119,9 @@ class Preprocessor:
             "OUT_PAD_ID": pad_ids,
         }
         outputs.update(renamed_sampling_inputs(rows))
+        task_ids = lora_task_ids(rows, self.lora_adapters, "LORA_NAME", "LORA_TASK_ID")
+        if task_ids is not None:  # absent otherwise: the engine then runs the base model
+            outputs["OUT_LORA_TASK_ID"] = task_ids
         if "PROMPT_TABLE_EXTRA_ID" in inputs:
             extra_ids = np.asarray(inputs["PROMPT_TABLE_EXTRA_ID"], np.uint64).reshape(batch, -1)[:, :1]
             # Ids past the vocabulary address prompt-table rows; the extra id tags those positions (for KV

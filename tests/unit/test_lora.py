@@ -317,3 +317,13 @@ def test_an_adapter_name_must_be_plain(adapters, base, tmp_path):
     shutil.copytree(adapters / "mlp", tmp_path / "a b")
     with pytest.raises(AdapterError, match="adapter 'a b': a name is"):
         convert_peft_adapter(tmp_path / "a b", 1, LoraLayout.from_config(base.config, ("mlp_h_to_4h",), 8))
+
+
+def test_the_same_weights_sent_again_are_the_same_adapter_and_new_ones_replace_it(base, adapters, converted):
+    cache = LoraCache(LoraLayout.from_config(base.config, adapter_modules(adapters)[0], 8))
+    adapter = converted["all"]
+    first = cache.resolve(7, adapter.weights, adapter.config)
+    assert cache.resolve(7, adapter.weights.copy(), adapter.config.copy()) is first  # not parsed again: same serial
+    other = converted["mlp"]
+    replaced = cache.resolve(7, other.weights, other.config)
+    assert replaced is not first and cache.get(7) is replaced

@@ -11,6 +11,7 @@ sys.path.insert(0, str(HERE))
 
 import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
 from bls.contract import PREPROCESSING  # noqa: E402
+from bls.lora_names import parse_adapter_table  # noqa: E402
 from bls.text.preprocessing import Preprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
@@ -30,6 +31,7 @@ class TritonPythonModel:
             add_special_tokens=parse_bool(params.get("add_special_tokens"), True, "add_special_tokens"),
             max_input_len=int(max_input_len) if max_input_len else None,
             query_special_tokens=params.get("query_special_tokens", "text"),
+            lora_adapters=parse_adapter_table(params.get("lora_adapters")),
         )
 
     def execute(self, requests):
