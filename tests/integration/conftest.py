@@ -105,6 +105,7 @@ STARTS_ITS_OWN_SERVER = {
     "test_handoff.py": "starts a server on a repository with the ensemble's handoff it builds from build/assets",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
     "test_server_exit.py": "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
+    "test_lora.py": "starts a server on a LORA_DIR repository (adapters it makes with peft) it builds from build/assets",
 }
 NEEDS_EMBEDDED_ENGINE = {
     "test_embedded_engine_exports_the_tensorrtllm_backend_families": "its nv_trt_llm_* values are the embedded "

@@ -1,0 +1,184 @@
+"""Multi-LoRA end to end, against a server of its own: a repository built with `LORA_DIR` (two PEFT adapters made here
+on the tiny target's served weights) and a draft. The engine's greedy output with an adapter equals peft's generate()
+on the same weights; adapters are chosen by name (lora_name) on the ensemble and the BLS, or with NVIDIA's raw
+lora_task_id / lora_weights / lora_config; unknown names and ids are refused naming them; concurrent streams with
+different adapters each keep their own; speculative and guided decoding work with an adapter.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from engine_build.lora import convert_peft_adapter
+from embedded_engine.lora import LoraLayout
+from testkit.grpc import grpc_stream
+from testkit.http import HttpError, generate, generate_stream
+from tests.integration.conftest import ASSETS, built_repository_server
+
+ENGINE, ENSEMBLE, BLS = "tensorrt_llm", "ensemble", "tensorrt_llm_bls"
+PEFT_NAMES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_dense": "o_proj",
+              "mlp_h_to_4h": "gate_proj", "mlp_gate": "up_proj", "mlp_4h_to_h": "down_proj"}
+# name: (seed, PEFT target modules, r, lora_alpha, use_rslora); scalings 2 and 8/sqrt(4) = 4: powers of two, so B * scale
+# in float16 is exact and the engine's weights are exactly peft's.
+ADAPTERS = {
+    "alpha": (1, list(PEFT_NAMES.values()), 8, 16, False),
+    "beta": (2, ["q_proj", "v_proj", "down_proj"], 4, 8, True),
+}
+PROMPT = "Tell me a story about a brave little toaster."
+TEXT = {"text_input": PROMPT, "max_tokens": 16, "end_id": -1}
+
+
+@pytest.fixture(scope="module")
+def base_model():
+    """The weights the embedded engine serves (the tiny target's AWQ checkpoint, dequantised as the engine loads it)."""
+    from embedded_engine.checkpoint import load_checkpoint
+
+    return load_checkpoint(ASSETS / "tiny-target-awq").model
+
+
+@pytest.fixture(scope="module")
+def lora_dir(base_model, tmp_path_factory):
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    root = tmp_path_factory.mktemp("adapters")
+    for name, (seed, targets, rank, alpha, rslora) in ADAPTERS.items():
+        model = get_peft_model(copy.deepcopy(base_model), LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets,
+                                                                     use_rslora=rslora, lora_dropout=0.0))
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():  # non-zero A and B, float16-exact
+            for parameter_name, parameter in model.named_parameters():
+                if "lora_" in parameter_name:
+                    parameter.copy_((torch.randn(parameter.shape, generator=generator) * 0.2).half().float())
+        model.save_pretrained(str(root / name))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(request, tmp_path_factory, lora_dir):
+    with built_repository_server(request, tmp_path_factory, "lora", lora_dir=lora_dir,
+                                 draft=ASSETS / "tiny-draft-awq") as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def task_ids(server):
+    manifest = json.loads((server.repo / "repository.json").read_text())
+    return {adapter["name"]: adapter["task_id"] for adapter in manifest["lora_adapters"]}
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(server):
+    from bls.text.tokenizer import TokenizerBundle
+    from engine_build.repository import repository_tokenizer
+
+    return TokenizerBundle.from_dir(repository_tokenizer(server.repo)).encode_text(PROMPT, add_special_tokens=True)
+
+
+def peft_greedy(base_model, lora_dir, name, prompt, max_tokens=16) -> list[int]:
+    import torch
+    from peft import PeftModel
+
+    model = base_model if name is None else PeftModel.from_pretrained(copy.deepcopy(base_model),
+                                                                      str(lora_dir / name)).eval()
+    with torch.no_grad():
+        out = model.generate(input_ids=torch.tensor([prompt]), max_new_tokens=max_tokens, do_sample=False,
+                             eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt)))
+    return out[0, len(prompt):].tolist()
+
+
+def engine_body(prompt, **extra) -> dict:
+    return {"input_ids": prompt, "input_lengths": [len(prompt)], "request_output_len": [16],
+            "exclude_input_in_output": True, **extra}
+
+
+def test_the_engine_with_each_prefetched_adapter_equals_peft_and_without_equals_the_base(
+        server, base_model, lora_dir, task_ids, prompt_ids):
+    base = generate(server.http_url, ENGINE, engine_body(prompt_ids))["output_ids"]
+    assert base == peft_greedy(base_model, lora_dir, None, prompt_ids)
+    for name, task_id in task_ids.items():
+        expected = peft_greedy(base_model, lora_dir, name, prompt_ids)
+        assert expected != base, f"adapter {name} must change the output"
+        assert generate(server.http_url, ENGINE, engine_body(prompt_ids, lora_task_id=[task_id]))["output_ids"] \
+            == expected
+
+
+def test_raw_weights_sent_with_a_request_then_the_task_id_alone(server, base_model, lora_dir, prompt_ids):
+    """NVIDIA's protocol, unchanged: weights and config with the first request of a task id, then the id alone; here
+    over gRPC to the ensemble (float16 lora_weights, as Triton's contract declares them)."""
+    layout = LoraLayout.from_config(base_model.config, tuple(PEFT_NAMES), 64)
+    adapter = convert_peft_adapter(lora_dir / "beta", 100, layout)
+    tensors = {"text_input": np.array([[PROMPT]], object), "max_tokens": np.array([[16]], np.int32),
+               "end_id": np.array([[-1]], np.int32), "lora_task_id": np.array([[100]], np.uint64)}
+    first = grpc_stream(server.grpc_url, ENSEMBLE, {**tensors, "lora_weights": adapter.weights,
+                                                    "lora_config": adapter.config}, ["text_output"])
+    assert first.error is None and first.completed
+    again = grpc_stream(server.grpc_url, ENSEMBLE, tensors, ["text_output"])
+    assert again.error is None
+    by_name = generate(server.http_url, ENSEMBLE, {**TEXT, "lora_name": "beta"})["text_output"]
+    for result in (first, again):
+        assert b"".join(r["text_output"].reshape(-1)[0] for r in result.responses).decode() == by_name
+    expected = peft_greedy(base_model, lora_dir, "beta", prompt_ids)
+    assert generate(server.http_url, ENGINE, engine_body(prompt_ids, lora_task_id=[100]))["output_ids"] == expected
+
+
+@pytest.mark.parametrize("model", [ENSEMBLE, BLS])
+def test_lora_name_selects_the_adapter_as_its_task_id_does(server, task_ids, model):
+    base = generate(server.http_url, model, TEXT)["text_output"]
+    for name, task_id in task_ids.items():
+        by_name = generate(server.http_url, model, {**TEXT, "lora_name": name})["text_output"]
+        assert by_name == generate(server.http_url, model, {**TEXT, "lora_task_id": task_id})["text_output"]
+        assert by_name != base
+        streamed = generate_stream(server.http_url, model, {**TEXT, "lora_name": name, "stream": True})
+        assert "".join(event["text_output"] for event in streamed) == by_name
+
+
+@pytest.mark.parametrize("model", [ENSEMBLE, BLS])
+def test_unknown_names_and_task_ids_are_refused_naming_them(server, model):
+    with pytest.raises(HttpError) as error:
+        generate(server.http_url, model, {**TEXT, "lora_name": "gamma"})
+    assert error.value.status == 400
+    assert "unknown LoRA adapter 'gamma'" in error.value.message and "alpha, beta" in error.value.message
+    with pytest.raises(HttpError) as error:
+        generate(server.http_url, model, {**TEXT, "lora_task_id": 999})
+    assert error.value.status == 400
+    assert "LoRA task 999 not found in cache" in error.value.message
+    with pytest.raises(HttpError) as error:
+        generate(server.http_url, model, {**TEXT, "lora_name": "alpha", "lora_task_id": 2})
+    assert error.value.status == 400 and "lora_task_id" in error.value.message
+
+
+def test_concurrent_streams_with_different_adapters_each_keep_their_own(server):
+    names = [None, "alpha", "beta"] * 3
+    bodies = [{**TEXT, "max_tokens": 12 + i, **({"lora_name": name} if name else {})} for i, name in enumerate(names)]
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        streamed = list(pool.map(lambda body: generate_stream(server.http_url, BLS, {**body, "stream": True},
+                                                              timeout=180), bodies))
+    for body, events in zip(bodies, streamed):
+        assert "".join(event["text_output"] for event in events) == \
+            generate(server.http_url, BLS, body)["text_output"], body
+
+
+def test_speculative_decoding_with_an_adapter_equals_the_adapters_own_greedy_output(server):
+    """The target applies the adapter while verifying; the draft proposes without it (it has none): greedy output is
+    the target's with the adapter, token for token."""
+    plain = generate(server.http_url, BLS, {**TEXT, "lora_name": "alpha"})["text_output"]
+    assert generate(server.http_url, BLS, {**TEXT, "lora_name": "alpha", "num_draft_tokens": 4})["text_output"] \
+        == plain
+
+
+def test_guided_decoding_with_an_adapter(server):
+    schema = {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    body = {**TEXT, "max_tokens": 48, "lora_name": "beta", "guided_decoding_guide_type": "json_schema",
+            "guided_decoding_guide": json.dumps(schema)}
+    result = generate(server.http_url, BLS, body)
+    if result["finish_reason"] == "stop":
+        assert isinstance(json.loads(result["text_output"])["name"], str)
+    else:  # cut short by max_tokens: a prefix of a valid document
+        assert result["finish_reason"] == "length" and result["text_output"].startswith("{")
+    assert result["text_output"] != generate(server.http_url, BLS, {**body, "lora_name": "alpha"})["text_output"]
