@@ -246,6 +246,7 @@ def _chat_prompt(body: ChatCompletionRequest) -> tuple[dict, ToolMode | None]:
     """The BLS's `messages` input (the conversation as data: our preprocessing applies the template) and how the
     output is read for tool calls."""
     messages = [_message(index, message) for index, message in enumerate(body.messages)]
+    _check_tool_results(messages)
     chat: Any = {"messages": messages, "tools": body.tools} if body.tools else messages
     try:
         validate_chat(json.loads(json.dumps(chat)), "messages")  # the preprocessing's own checks, answered here
@@ -282,6 +283,21 @@ def _message(index: int, message: dict) -> dict:
     if content is None and message.get("tool_calls"):
         message["content"] = ""
     return message
+
+
+def _check_tool_results(messages: list[dict]) -> None:
+    """OpenAI's rule for tool results: each answers a call of the assistant message before it (Llama's template
+    would render one anywhere, and the model could not tell which call it answers)."""
+    call_ids: set[str] = set()
+    for index, message in enumerate(messages):
+        if message.get("role") == "assistant":
+            call_ids = {call.get("id") for call in message.get("tool_calls") or [] if isinstance(call, dict)}
+        elif message.get("role") == "tool":
+            if message.get("tool_call_id") not in call_ids:
+                raise invalid(f"messages[{index}].tool_call_id",
+                              "a tool message must answer a tool call of the assistant message before it (by its id)")
+        else:
+            call_ids = set()
 
 
 def _chat_guide(body: ChatCompletionRequest) -> tuple[str, str | None] | None:

@@ -129,9 +129,9 @@ class TokenizerBundle:
             text, add_special_tokens=add_special_tokens and not already_has_bos, split_special_tokens=False
         )
 
-    def render_chat(self, chat: Chat | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> str:
+    def render_chat(self, chat: Chat | dict | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> str:
         """The prompt text, exactly as transformers renders it (generation prompt included)."""
-        chat = validate_chat(chat if isinstance(chat, Chat) else list(chat), field)
+        chat = validate_chat(chat if isinstance(chat, (Chat, dict)) else list(chat), field)
         return self._apply_template(chat, [m.template_dict() for m in chat.messages], chat.tools, field)
 
     def chat_template_for(self, chat: Chat) -> str | None:
@@ -153,7 +153,7 @@ class TokenizerBundle:
         except jinja2.TemplateError as error:  # templates may refuse a conversation (role order, several calls...)
             raise InvalidRequest(field, f"the chat template refused these messages: {error}") from None
 
-    def encode_chat(self, chat: Chat | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> list[int]:
+    def encode_chat(self, chat: Chat | dict | Sequence[ChatMessage] | list[dict], field: str = "MESSAGES") -> list[int]:
         """A conversation rendered with the model's template (bls.text.chat for tools), tokenized so that the
         template's control tokens are control tokens and every special-token string from the client (content, tool
         definitions, call names and arguments, results) is text.
@@ -167,7 +167,7 @@ class TokenizerBundle:
         transformers' own tokenization splits at the same control tokens, so ids equal transformers' for any
         conversation whose client text holds no special-token string.
         """
-        chat = validate_chat(chat if isinstance(chat, Chat) else list(chat), field)
+        chat = validate_chat(chat if isinstance(chat, (Chat, dict)) else list(chat), field)
         plain = self.render_chat(chat, field)
         data_spans = self._client_text_spans(chat, plain, field)
         ids: list[int] = []
