@@ -15,7 +15,9 @@ with; embedded_engine.lora_layers applies them to the model. Sources (read for /
   its id alone; an id the cache does not hold is an error ("LoRA task <id> not found in cache. Please send LoRA
   weights with request"); the cache is bounded, the least recently used adapter evicted first. Here an evicted
   adapter stays alive for the requests already running with it (they hold it), so eviction never changes a
-  running request's output.
+  running request's output. The repository's own adapters (the prefetched ones) are pinned: never evicted, and a
+  request may send their weights again but not other weights under their task ids (a client must not replace the
+  adapter every other client selects by name).
 - prefetch (the backend's lora_prefetch_dir, model_instance_state.cc): `<dir>/<task id>/model.lora_weights.npy`
   [1, N, W] and `model.lora_config.npy` [1, N, 3], loaded into the cache at start-up; folders whose name is not
   all digits are skipped with a warning.
@@ -210,6 +212,7 @@ class LoraCache:
         self.layout = layout
         self.capacity_bytes = capacity_bytes
         self._adapters: OrderedDict[int, LoraAdapter] = OrderedDict()
+        self._pinned: set[int] = set()  # the repository's adapters (prefetched): never evicted or replaced
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -254,22 +257,37 @@ class LoraCache:
         raise InvalidRequest("lora_task_id", f"LoRA task {task_id} not found in cache. Please send LoRA weights "
                                              "with request")
 
-    def put(self, adapter: LoraAdapter) -> None:
-        if adapter.nbytes > self.capacity_bytes:
-            raise InvalidRequest("lora_weights", f"LoRA task {adapter.task_id} needs {adapter.nbytes} bytes, more "
-                                                 f"than the whole cache ({self.capacity_bytes} bytes, "
-                                                 "lora_cache_host_memory_bytes)")
+    def put(self, adapter: LoraAdapter, pinned: bool = False) -> None:
+        """Cache `adapter` (replacing its task's earlier weights), evicting the least recently used unpinned ones
+        while it does not fit; pinned: one of the repository's adapters."""
         with self._lock:
+            if adapter.task_id in self._pinned and not pinned:
+                raise InvalidRequest("lora_weights", f"LoRA task {adapter.task_id} is one of this repository's "
+                                                     "adapters (prefetched): a request cannot replace its weights; "
+                                                     "send its task id alone, or other weights under another id")
             old = self._adapters.pop(adapter.task_id, None)
             if old is not None:
                 self._bytes -= old.nbytes
-            while self._adapters and self._bytes + adapter.nbytes > self.capacity_bytes:
-                evicted_id, evicted = self._adapters.popitem(last=False)
+            evictable = [task_id for task_id in self._adapters if task_id not in self._pinned]  # LRU first
+            room = self.capacity_bytes - self._bytes + sum(self._adapters[t].nbytes for t in evictable)
+            if adapter.nbytes > room:
+                if old is not None:
+                    self._adapters[adapter.task_id] = old
+                    self._bytes += old.nbytes
+                raise InvalidRequest("lora_weights", f"LoRA task {adapter.task_id} needs {adapter.nbytes} bytes; the "
+                                                     f"cache holds {self.capacity_bytes} "
+                                                     f"(lora_cache_host_memory_bytes), {self.capacity_bytes - room} "
+                                                     "of them for the repository's own adapters")
+            for task_id in evictable:
+                if self._bytes + adapter.nbytes <= self.capacity_bytes:
+                    break
+                evicted = self._adapters.pop(task_id)
                 self._bytes -= evicted.nbytes
-                log.info("LoRA cache full: evicted task %d (%d bytes), least recently used", evicted_id,
-                         evicted.nbytes)
+                log.info("LoRA cache full: evicted task %d (%d bytes), least recently used", task_id, evicted.nbytes)
             self._adapters[adapter.task_id] = adapter
             self._bytes += adapter.nbytes
+            if pinned:
+                self._pinned.add(adapter.task_id)
 
 
 def read_prefetch_adapter(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -298,7 +316,7 @@ def prefetch(cache: LoraCache, directory: Path) -> list[int]:
             continue
         weights, config = read_prefetch_adapter(folder)
         try:
-            cache.put(adapter_from_tensors(int(folder.name), weights, config, cache.layout))
+            cache.put(adapter_from_tensors(int(folder.name), weights, config, cache.layout), pinned=True)
         except InvalidRequest as error:
             raise ValueError(f"lora_prefetch_dir {folder}: {error.field} {error.problem}") from None
         loaded.append(int(folder.name))

@@ -227,7 +227,7 @@ def test_the_cache_evicts_the_least_recently_used_and_running_requests_keep_thei
     assert held.weights  # the request that holds it keeps its weights
     with pytest.raises(InvalidRequest, match=f"LoRA task {converted['mlp'].task_id} not found in cache"):
         cache.get(converted["mlp"].task_id)
-    with pytest.raises(InvalidRequest, match="more than the whole cache"):
+    with pytest.raises(InvalidRequest, match="needs .* bytes; the cache holds 16"):
         LoraCache(layout, 16).resolve(5, converted["all"].weights, converted["all"].config)
 
 
@@ -240,6 +240,12 @@ def test_prefetched_adapters_serve_by_task_id_alone(base, converted, references,
         assert sorted(prefetch(engine.adapters, tmp_path / "lora")) == sorted(a.task_id for a in converted.values())
         for name, adapter in converted.items():
             assert generate(engine, request_inputs(PROMPTS[1], adapter.task_id)) == references[(name, 1)]
+        # The repository's adapters are pinned: their own weights may come again, others may not replace them.
+        all_, mlp = converted["all"], converted["mlp"]
+        assert generate(engine, request_inputs(PROMPTS[1], all_.task_id, all_)) == references[("all", 1)]
+        with pytest.raises(InvalidRequest, match=f"LoRA task {all_.task_id} is one of this repository's adapters"):
+            engine.adapters.resolve(all_.task_id, mlp.weights, mlp.config)
+        assert generate(engine, request_inputs(PROMPTS[1], all_.task_id)) == references[("all", 1)]
     finally:
         engine.shutdown()
 
@@ -327,3 +333,17 @@ def test_the_same_weights_sent_again_are_the_same_adapter_and_new_ones_replace_i
     other = converted["mlp"]
     replaced = cache.resolve(7, other.weights, other.config)
     assert replaced is not first and cache.get(7) is replaced
+
+
+def test_the_repositorys_adapters_are_never_evicted(base, adapters, converted):
+    layout = LoraLayout.from_config(base.config, adapter_modules(adapters)[0], 8)
+    parsed = {name: adapter_from_tensors(a.task_id, a.weights, a.config, layout) for name, a in converted.items()}
+    cache = LoraCache(layout, parsed["all"].nbytes + parsed["qv-rslora"].nbytes)
+    cache.put(parsed["all"], pinned=True)
+    for task_id in (10, 11):  # each evicts the one before it, never the pinned adapter
+        cache.resolve(task_id, converted["qv-rslora"].weights, converted["qv-rslora"].config)
+    assert cache.task_ids() == [parsed["all"].task_id, 11]
+    full = LoraCache(layout, parsed["all"].nbytes)  # room for the pinned adapter only
+    full.put(parsed["all"], pinned=True)
+    with pytest.raises(InvalidRequest, match="of them for the repository's own adapters"):
+        full.resolve(12, converted["mlp"].weights, converted["mlp"].config)
