@@ -179,6 +179,31 @@ def cmd_relocate(args) -> None:
         _stage(f"{model}: {', '.join(RELOCATED_PARAMETERS)} under {serve_path / model / '1'}")
 
 
+def cmd_convert_lora(args) -> None:
+    """One PEFT adapter in the backend's format, for a running deployment: the two files NVIDIA's client sends
+    (inflight_batcher_llm_client.py --lora-path DIR --lora-task-id N), or a prefetch folder <dir>/<task id>/."""
+    from engine_build.lora import AdapterError, adapter_modules, base_llama_config, convert_peft_adapter
+    from embedded_engine.lora import LoraLayout
+
+    if args.task_id < 1:
+        raise SystemExit(f"--task-id {args.task_id}: task ids start at 1 (NVIDIA's client sends no lora_task_id for 0)")
+    try:
+        modules, _ = adapter_modules(args.adapter.parent, only=args.adapter)
+        layout = LoraLayout.from_config(base_llama_config(args.base), modules, args.max_lora_rank)
+        adapter = convert_peft_adapter(args.adapter, args.task_id, layout)
+    except AdapterError as error:
+        raise SystemExit(str(error)) from None
+    args.out.mkdir(parents=True, exist_ok=True)
+    import numpy as np
+
+    from embedded_engine.lora import PREFETCH_CONFIG, PREFETCH_WEIGHTS
+
+    np.save(args.out / PREFETCH_WEIGHTS, adapter.weights, allow_pickle=False)
+    np.save(args.out / PREFETCH_CONFIG, adapter.config, allow_pickle=False)
+    _stage(f"{args.adapter.name}: rank {adapter.rank}, modules {' '.join(adapter.modules)}, "
+           f"{adapter.config.shape[1]} rows -> {args.out} (send with lora_task_id {args.task_id})")
+
+
 def cmd_check_repo(args) -> None:
     from engine_build.check_repo import main as check
 
@@ -235,6 +260,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
     p.add_argument("--out", type=Path, default=Path("build/dist"))
     p.set_defaults(func=cmd_dist)
+
+    p = sub.add_parser("convert-lora", help="one PEFT adapter -> model.lora_weights.npy + model.lora_config.npy "
+                                            "(TensorRT-LLM 1.2.1's LoRA format, float16)")
+    p.add_argument("--adapter", type=Path, required=True, help="the PEFT adapter folder (its name is the adapter's)")
+    p.add_argument("--base", type=Path, required=True,
+                   help="the base it must fit: an HF or TensorRT-LLM checkpoint, or a built engine folder")
+    p.add_argument("--task-id", type=int, required=True, help="the lora_task_id it will be sent with (not 0)")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="the engine's --max_lora_rank")
+    p.add_argument("--out", type=Path, required=True)
+    p.set_defaults(func=cmd_convert_lora)
 
     p = sub.add_parser("check-repo", help="static load check of a built repository (what would fail in the container)")
     p.add_argument("--repo", type=Path, default=Path("build/model_repository"))

@@ -156,11 +156,12 @@ def complete_modules(modules) -> tuple[str, ...]:
     return tuple(m.name for m in LLAMA_MODULES if m.name in wanted)
 
 
-def adapter_modules(lora_dir: Path) -> tuple[tuple[str, ...], int]:
+def adapter_modules(lora_dir: Path, only: Path | None = None) -> tuple[tuple[str, ...], int]:
     """What the engine must be built for: (--lora_target_modules, the largest adapter rank), read from the adapters'
-    weights without checking them against a base (the dry run has no checkpoint weights)."""
+    weights (of `only`, one adapter folder, if given) without checking them against a base (the dry run has no
+    checkpoint weights)."""
     modules, largest = set(), 0
-    for path in adapter_dirs(lora_dir):
+    for path in [Path(only)] if only is not None else adapter_dirs(lora_dir):
         settings = _adapter_settings(path)
         largest = max(largest, settings["r"])
         for key in _adapter_tensor_names(path):

@@ -170,3 +170,18 @@ def test_the_gpu_dry_run_refuses_adapters_above_the_maximum_rank(lora_dir, tmp_p
         cli.main(["repo", "--engine", "trtllm", "--hf-model", str(ASSETS / "tiny-target-hf"), "--repo",
                   str(tmp_path / "repo"), "--dry-run", "--gpu-mem-gb", "80", "--lora-dir", str(lora_dir),
                   "--max-lora-rank", "4"])
+
+
+def test_convert_lora_writes_the_files_nvidias_client_sends(lora_dir, tmp_path):
+    from engine_build.lora import base_llama_config, convert_peft_adapter
+    from embedded_engine.lora import LoraLayout
+
+    cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--base", str(ASSETS / "tiny-target-awq"),
+              "--task-id", "9", "--out", str(tmp_path / "beta")])
+    layout = LoraLayout.from_config(base_llama_config(ASSETS / "tiny-target-awq"), ("attn_q", "attn_k", "attn_v"), 64)
+    expected = convert_peft_adapter(lora_dir / "beta", 9, layout)
+    np.testing.assert_array_equal(np.load(tmp_path / "beta" / "model.lora_weights.npy"), expected.weights)
+    np.testing.assert_array_equal(np.load(tmp_path / "beta" / "model.lora_config.npy"), expected.config)
+    with pytest.raises(SystemExit, match="task ids start at 1"):
+        cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--base", str(ASSETS / "tiny-target-awq"),
+                  "--task-id", "0", "--out", str(tmp_path / "zero")])
