@@ -142,6 +142,8 @@ def create_app(settings: Settings) -> FastAPI:
                              time.monotonic())
 
     async def _respond(request: Request, body, streams: list[AsyncIterator[Event]], shapes: "_Shapes"):
+        if body.user:
+            log.info("%s %s for user %r", request.url.path, shapes.id, body.user)
         metrics.in_flight.labels(settings.model_name).inc()
         events = merged(streams)
         if not body.stream:

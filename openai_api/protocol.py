@@ -60,7 +60,7 @@ class _Sampling(_Strict):
     logit_bias: dict[str, float] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
-    # An end-user id for abuse monitoring: written to the access log line of the request.
+    # An end-user id for abuse monitoring: logged with the response's id.
     user: str | None = None
 
     def stop_strings(self) -> list[str]:

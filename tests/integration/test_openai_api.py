@@ -303,21 +303,29 @@ def test_errors_name_the_field(client, kwargs, status, param):
     assert chat(client, max_tokens=2).choices[0].finish_reason == "length"  # the server serves on
 
 
-def test_client_disconnect_stops_the_engine(api, endpoint):
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
+def test_client_disconnect_stops_the_engine(api, endpoint, stream):
     if endpoint.model_config("tensorrt_llm").get("backend") != "python":
         pytest.skip("watches the embedded engine's embedded_engine_* metrics")
-    body = {"model": "llama3-test", "messages": ASK, "max_tokens": 3000, "stream": True}
-    with httpx.stream("POST", f"{api}/chat/completions", json=body, timeout=60) as response:
-        lines = response.iter_lines()
-        data = [line for line in (next(lines) for _ in range(12)) if line.startswith("data:")]
-        assert len(data) >= 4
+    disconnects = f"{api[:-3]}/metrics"
+    before_disconnects = metric_value(disconnects, "llama3_api_client_disconnects_total", "llama3-test") \
+        if "llama3_api_client_disconnects_total{" in scrape(disconnects) else 0
+    body = {"model": "llama3-test", "messages": ASK, "max_tokens": 3000, "stream": stream}
+    if stream:
+        with httpx.stream("POST", f"{api}/chat/completions", json=body, timeout=60) as response:
+            lines = response.iter_lines()
+            data = [line for line in (next(lines) for _ in range(12)) if line.startswith("data:")]
+            assert len(data) >= 4
+    else:
+        with pytest.raises(httpx.ReadTimeout):  # the client gives up waiting and closes the connection
+            httpx.post(f"{api}/chat/completions", json=body, timeout=1.5)
     assert wait_for_value(endpoint.metrics, "embedded_engine_active_sequences", "tensorrt_llm", 0), \
         "the engine kept generating after the client left"
     time.sleep(0.5)  # metric updates from the model process arrive asynchronously
     before = metric_value(endpoint.metrics, "embedded_engine_generated_tokens_total", "tensorrt_llm")
     time.sleep(1.0)
     assert metric_value(endpoint.metrics, "embedded_engine_generated_tokens_total", "tensorrt_llm") == before
-    assert metric_value(f"{api[:-3]}/metrics", "llama3_api_client_disconnects_total", "llama3-test") >= 1
+    assert metric_value(disconnects, "llama3_api_client_disconnects_total", "llama3-test") == before_disconnects + 1
 
 
 def test_metrics(api, client):

@@ -157,3 +157,25 @@ def test_text_that_may_begin_a_stop_string_is_held_back():
     assert stop.push("X") == "ENX"
     assert stop.push(" fin E") == " fin "
     assert stop.finish() == "E"
+
+
+def test_health_says_not_ready_without_tritonserver(client):
+    assert client.get("/health/ready").status_code == 503
+
+
+@pytest.mark.parametrize("message, status, param", [
+    ("tensorrt_llm_bls: at capacity: 256 requests in flight", 503, None),
+    ("[StatusCode.UNAVAILABLE] Exceeds maximum queue size", 503, None),
+    ("Request for unknown model: 'tensorrt_llm_bls' is not found", 404, None),
+    ("tensorrt_llm_bls: preprocessing: MESSAGES: message 0 has role 'x'", 400, "messages"),
+    ("tensorrt_llm: request_output_len: input length 17 + request_output_len 9000 exceeds max_seq_len", 400,
+     "max_tokens"),
+    ("guided_decoding_guide: does not compile", 400, "response_format"),
+    ("tensorrt_llm_bls: internal error (KeyError: 'x'); see the server log", 500, None),
+])
+def test_triton_errors_map_to_http(message, status, param):
+    from openai_api.errors import from_triton
+
+    error = from_triton(message)
+    assert (error.status, error.param) == (status, param) and error.message == message
+    assert (error.retry_after is not None) == (status == 503)
