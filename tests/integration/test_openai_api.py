@@ -10,12 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import subprocess
-import sys
 import time
-import urllib.request
-from pathlib import Path
 
 import httpx
 import jsonschema
@@ -24,8 +19,8 @@ import pytest
 
 from testkit.http import generate
 from testkit.metrics import metric_value, scrape, wait_for_value
+from testkit.openai_api import openai_api
 
-ROOT = Path(__file__).resolve().parents[2]
 CITY = {"type": "function", "function": {
     "name": "get_weather", "description": "The weather of a city over the next days",
     "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo", "Lagos"]},
@@ -43,33 +38,11 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest.fixture(scope="module")
 def api(endpoint, repo_dir, tmp_path_factory):
     """`python -m openai_api` on a free port, in front of the tests' tritonserver: the base URL of its /v1."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     log = tmp_path_factory.mktemp("openai_api") / "openai_api.log"
-    with open(log, "w") as log_file:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "openai_api", "--triton-grpc", endpoint.grpc, "--host", "127.0.0.1",
-             "--port", str(port), "--repo", str(repo_dir), "--model-name", "llama3-test"],
-            cwd=ROOT, stdout=log_file, stderr=subprocess.STDOUT)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, f"the API exited: {log.read_text()}"
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health/ready", timeout=2) as response:
-                    if response.status == 200:
-                        break
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"the API did not become ready: {log.read_text()}"
-            time.sleep(0.2)
-        yield f"http://127.0.0.1:{port}/v1"
-        assert process.poll() is None, f"the API died during the tests: {log.read_text()}"
+    with openai_api(endpoint.grpc, log, "--repo", str(repo_dir), "--model-name", "llama3-test") as api:
+        yield api.v1
+        assert api.process.poll() is None, f"the API died during the tests: {log.read_text()}"
         assert "Traceback" not in log.read_text(), log.read_text()
-    finally:
-        process.terminate()
-        process.wait(10)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,175 @@
+"""Section "openai": streamed chat through the OpenAI-compatible API (openai_api) against the same requests sent
+straight to tensorrt_llm_bls over gRPC, from one run on one server.
+
+The engine is section "streaming"'s stand-in (the synthetic embedded engine behind its relay, one response per
+token). Both sides are driven from one asyncio loop in this process: the BLS by tritonclient's asyncio gRPC
+client (the client the API itself uses), the API by a minimal HTTP/1.1 client reading its server-sent events, so
+the clients cost about the same. Each stream is a chat request of STREAM_TOKENS tokens (the stand-in never ends
+a turn early). Unpaced (the stand-in as fast as the CPU lets it) the ratio of the API's tok/s to the BLS's is
+the API's cost; paced like a GPU (one token per stream every PACED_STEP_MS, starts spread over a stream's
+duration) the difference of the first-token p50s is the latency the API adds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+import psutil
+import tritonclient.grpc.aio as grpcclient
+
+from testkit.openai_api import openai_api
+from testkit.stats import percentile
+from tools.bench_common import BenchContext, Row, Target
+from tools.bench_streaming import PACED_STEP_MS, _repo
+
+STREAM_TOKENS = 256
+CONCURRENCY = (16, 64, 256)
+PACED_CONCURRENCY = 64
+MESSAGES = [{"role": "user", "content": "Tell me a story about a brave little toaster."}]
+# Issue 39's targets: >= 0.9x the BLS's tok/s at 16, 64 and 256 streams; <= 5 ms added first token p50, paced.
+RATIO_TARGET = Target(">=", 0.9)
+ADDED_TTFT_TARGET = Target("<=", 5)
+
+
+@dataclass
+class Trace:
+    sent: float
+    first: float | None = None  # the first response with text
+    end: float = 0.0
+    tokens: int = 0
+
+
+@dataclass
+class Load:
+    traces: list[Trace] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(t.tokens for t in self.traces) / self.wall_s
+
+    @property
+    def first_token_p50_ms(self) -> float:
+        return percentile([(t.first - t.sent) * 1000 for t in self.traces], 50)
+
+
+async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
+    def tensor(name, value):
+        item = grpcclient.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else
+                                     {np.int32: "INT32", np.bool_: "BOOL"}[value.dtype.type])
+        item.set_data_from_numpy(value)
+        return item
+
+    inputs = [tensor("messages", np.array([[json.dumps(MESSAGES).encode()]], dtype=object)),
+              tensor("max_tokens", np.array([[STREAM_TOKENS]], dtype=np.int32)),
+              tensor("stream", np.array([[True]]))]
+
+    async def requests():
+        yield {"model_name": "tensorrt_llm_bls", "inputs": inputs, "request_id": uuid.uuid4().hex,
+               "outputs": [grpcclient.InferRequestedOutput(n) for n in ("text_output", "finish_reason")]}
+
+    trace = Trace(time.perf_counter())
+    stream = client.stream_infer(requests())
+    try:
+        async for result, error in stream:
+            if error is not None:
+                raise RuntimeError(f"tensorrt_llm_bls: {error}")
+            if result.as_numpy("text_output")[0]:
+                trace.tokens += 1
+                trace.first = trace.first or time.perf_counter()
+            if result.as_numpy("finish_reason") is not None:
+                break
+    finally:
+        stream.cancel()
+    trace.end = time.perf_counter()
+    return trace
+
+
+async def _api_stream(host: str, port: int) -> Trace:
+    body = json.dumps({"model": "bench", "messages": MESSAGES, "max_tokens": STREAM_TOKENS, "stream": True}).encode()
+    trace = Trace(time.perf_counter())
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        writer.write(b"POST /v1/chat/completions HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (host.encode(), len(body), body))
+        status = await reader.readline()
+        if b" 200 " not in status:
+            raise RuntimeError(f"the API answered {status!r}")
+        while line := await reader.readline():
+            if not line.startswith(b"data: "):
+                continue
+            if line.startswith(b"data: [DONE]"):
+                break
+            if b'"content":"' in line and b'"content":""' not in line:  # a chunk with text (not the role chunk)
+                trace.tokens += 1
+                trace.first = trace.first or time.perf_counter()
+    finally:
+        writer.close()
+    trace.end = time.perf_counter()
+    return trace
+
+
+async def _load(one, clients: int, rounds: int, stagger_s: float) -> Load:
+    async def client(index: int) -> list[Trace]:
+        await asyncio.sleep(stagger_s * index / clients)
+        return [await one() for _ in range(rounds)]
+
+    began = time.perf_counter()
+    results = await asyncio.gather(*(client(i) for i in range(clients)))
+    load = Load([trace for traces in results for trace in traces], time.perf_counter() - began)
+    if any(trace.tokens < STREAM_TOKENS * 0.5 for trace in load.traces):  # merged responses: fewer, never this few
+        raise RuntimeError("a stream ended early")
+    return load
+
+
+def _measure(grpc_url: str, api_port: int, clients: int, rounds: int, stagger_s: float) -> dict[str, Load]:
+    async def main() -> dict[str, Load]:
+        client = grpcclient.InferenceServerClient(grpc_url)
+        try:
+            await _bls_stream(client)  # warm-up
+            await _api_stream("127.0.0.1", api_port)
+            bls = await _load(lambda: _bls_stream(client), clients, rounds, stagger_s)
+            api = await _load(lambda: _api_stream("127.0.0.1", api_port), clients, rounds, stagger_s)
+            return {"bls": bls, "api": api}
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def run(ctx: BenchContext) -> list[Row]:
+    rows: list[Row] = []
+    rounds = 1 if ctx.quick else 2
+    logs = ctx.work_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    server = ctx.server(_repo(ctx, "streaming", step_ms=ctx.engine_step_ms))
+    with openai_api(server.grpc_url, logs / "openai_api.log", "--model-name", "bench") as api:
+        port = int(api.url.rsplit(":", 1)[1])
+        api_cpu = psutil.Process(api.process.pid)
+        for clients in CONCURRENCY:
+            before = sum(api_cpu.cpu_times()[:2])
+            runs = _measure(server.grpc_url, port, clients, rounds, 0.0)
+            spent = sum(api_cpu.cpu_times()[:2]) - before
+            bls, through_api = runs["bls"], runs["api"]
+            rows.append(Row(f"{clients:>3} streams: BLS over gRPC", bls.tokens_per_s, "tok/s"))
+            rows.append(Row(f"{clients:>3} streams: chat through the API", through_api.tokens_per_s, "tok/s"))
+            rows.append(Row(f"{clients:>3} streams: API / BLS", through_api.tokens_per_s / bls.tokens_per_s, "x",
+                            RATIO_TARGET))
+            rows.append(Row(f"{clients:>3} streams: API process CPU per streamed token (both runs' warm-ups incl.)",
+                            spent / sum(t.tokens for t in through_api.traces) * 1e6, "µs"))
+    stream_s = STREAM_TOKENS * PACED_STEP_MS / 1000
+    server = ctx.server(_repo(ctx, "streaming-paced", step_ms=PACED_STEP_MS, engine_instances=1))
+    with openai_api(server.grpc_url, logs / "openai_api-paced.log", "--model-name", "bench") as api:
+        port = int(api.url.rsplit(":", 1)[1])
+        runs = _measure(server.grpc_url, port, PACED_CONCURRENCY, 1, stream_s)
+        label = f"{PACED_CONCURRENCY} streams, engine step {PACED_STEP_MS:.0f} ms"
+        rows.append(Row(f"{label}: BLS over gRPC first token p50", runs["bls"].first_token_p50_ms, "ms"))
+        rows.append(Row(f"{label}: chat through the API first token p50", runs["api"].first_token_p50_ms, "ms"))
+        rows.append(Row(f"{label}: first token p50 the API adds",
+                        runs["api"].first_token_p50_ms - runs["bls"].first_token_p50_ms, "ms", ADDED_TTFT_TARGET))
+    return rows
