@@ -293,6 +293,7 @@ class Engine:
         """The engine thread. If it dies, every queued and running sequence ends with an EngineFailed error
         and later submits are refused at once: no client waits for an engine that is gone."""
         try:
+            self._report_iteration([], counted=False)  # the gauges start at the idle engine's values
             self._loop()
         except BaseException as error:  # noqa: BLE001 - recorded, reported to every client, then the thread ends
             log.exception("the engine thread died")
@@ -344,9 +345,10 @@ class Engine:
         if self._prefix_cache is not None:
             self._prefix_cache.clear()
 
-    def _report_iteration(self, stepped: list[_Sequence]) -> None:
-        """IterationStats to on_iteration (engine thread): `stepped` were the iteration's active sequences."""
-        self._iterations += 1
+    def _report_iteration(self, stepped: list[_Sequence], counted: bool = True) -> None:
+        """IterationStats to on_iteration (engine thread): `stepped` were the iteration's active sequences;
+        counted=False: no iteration ran (the report at start)."""
+        self._iterations += counted
         context_requests, self._context_requests = self._context_requests, 0
         context_tokens, self._context_tokens = self._context_tokens, 0
         reused_tokens, self._reused_tokens = self._reused_tokens, 0

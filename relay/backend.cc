@@ -13,6 +13,8 @@ namespace {
 constexpr const char* kDefaultThreadName = "llama3_relay";
 constexpr size_t kMaxThreadName = 15;  // Linux's limit, without the NUL
 
+}  // namespace
+
 // The value of a string parameter in the model config's JSON, or "" (Triton writes it compactly:
 // "parameters":{"key":{"string_value":"value"}}).
 std::string ConfigParameter(const std::string& json, const std::string& key) {
@@ -23,6 +25,8 @@ std::string ConfigParameter(const std::string& json, const std::string& key) {
   const size_t end = json.find('"', value);
   return end == std::string::npos ? "" : json.substr(value, end - value);
 }
+
+namespace {
 
 // "a, b" -> {a, b}; empty items dropped.
 std::unordered_set<std::string> NameList(const std::string& text) {
@@ -201,7 +205,10 @@ TRITONSERVER_Error* TRITONBACKEND_ModelInitialize(TRITONBACKEND_Model* model) {
                                     threads + "'").c_str());
     }
     Handoff* handoff = nullptr;
-    error = Handoff::Create(model, engine, static_cast<uint32_t>(count), &handoff);
+    // The ensemble's request metrics carry its name (request_metrics.h); metrics_model "" turns them off.
+    const bool named = config.find("\"metrics_model\"") != std::string::npos;
+    const std::string metrics_model = named ? llama3_relay::ConfigParameter(config, "metrics_model") : "ensemble";
+    error = Handoff::Create(model, engine, static_cast<uint32_t>(count), metrics_model, &handoff);
     role = handoff;
   }
   if (error != nullptr) return error;

@@ -16,6 +16,7 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
+  RequestTiming timing;
   // The final response sent and the engine request released: the second of the two forgets the stream.
   std::atomic<int> remaining{2};
 };
@@ -79,10 +80,44 @@ std::string CopyCorrelationId(TRITONBACKEND_Request* from, TRITONSERVER_Inferenc
   return failure;
 }
 
+// The first element of input `name` as T, if the request has it in CPU memory.
+template <typename T>
+bool ReadScalar(TRITONBACKEND_Request* request, const char* name, T* value) {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_Error* absent = TRITONBACKEND_RequestInput(request, name, &input);
+  if (absent != nullptr) {
+    TRITONSERVER_ErrorDelete(absent);
+    return false;
+  }
+  const void* buffer = nullptr;
+  uint64_t byte_size = 0;
+  TRITONSERVER_MemoryType memory_type = TRITONSERVER_MEMORY_CPU;
+  int64_t memory_type_id = 0;
+  if (!Failure(TRITONBACKEND_InputBuffer(input, 0, &buffer, &byte_size, &memory_type, &memory_type_id)).empty() ||
+      byte_size < sizeof(T) || memory_type == TRITONSERVER_MEMORY_GPU) {
+    return false;
+  }
+  std::memcpy(value, buffer, sizeof(T));
+  return true;
+}
+
+// Tokens in the engine response's output_ids (its last dimension; one beam's), 0 if it has none.
+int64_t OutputTokens(TRITONSERVER_InferenceResponse* response) {
+  uint32_t count = 0;
+  if (!Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count)).empty()) return 0;
+  for (uint32_t i = 0; i < count; ++i) {
+    ResponseOutput output;
+    if (ReadOutput(response, i, &output).empty() && std::strcmp(output.name, "output_ids") == 0) {
+      return output.dims == 0 ? 0 : output.shape[output.dims - 1];
+    }
+  }
+  return 0;
+}
+
 }  // namespace
 
 TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
-                                    Handoff** out) {
+                                    const std::string& metrics_model, Handoff** out) {
   std::unique_ptr<Handoff> handoff(new Handoff());
   const char* name = nullptr;
   TRITONSERVER_Error* error = TRITONBACKEND_ModelName(model, &name);
@@ -95,6 +130,14 @@ TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::strin
   if (error != nullptr) return error;
   error = NewEngineAllocator(&handoff->allocator_);
   if (error != nullptr) return error;
+  if (!metrics_model.empty()) {
+    handoff->metrics_ = std::make_unique<RequestMetrics>();
+    const std::string failure = handoff->metrics_->Create(metrics_model);
+    if (!failure.empty()) {  // serving matters more than its metrics: load, and say what is missing
+      Log(TRITONSERVER_LOG_WARN, handoff->model_name_ + ": no request metrics for " + metrics_model + ": " + failure);
+      handoff->metrics_.reset();
+    }
+  }
   for (uint32_t i = 0; i < sender_threads; ++i) {
     handoff->senders_.push_back(std::make_unique<Sender>());
     Sender* sender = handoff->senders_.back().get();
@@ -148,6 +191,7 @@ void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Reque
   stream->request = request;
   stream->arrived_ns = NowNs();
   stream->sender = next_stream_++ % senders_.size();
+  if (metrics_ != nullptr) ReadTiming(stream.get());
   const std::string factory_failure = Failure(TRITONBACKEND_ResponseFactoryNew(&stream->factory, request));
   if (!factory_failure.empty()) {  // no way to answer: Triton fails a request released without a response
     Log(TRITONSERVER_LOG_ERROR, "cannot answer a request: " + factory_failure);
@@ -218,6 +262,36 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
   return failure.empty() ? engine_ + ": refused the request" : failure;
 }
 
+void Handoff::ReadTiming(HandoffStream* stream) {
+  RequestTiming& timing = stream->timing;
+  timing.arrived_ns = stream->arrived_ns;
+  int32_t value = 0;
+  if (ReadScalar(stream->request, "input_lengths", &value)) timing.prompt_tokens = value;
+  if (ReadScalar(stream->request, "request_output_len", &value)) timing.max_tokens = value;
+  bool flag = false;
+  timing.streaming = ReadScalar(stream->request, "streaming", &flag) && flag;
+  timing.prompt_in_output = ReadScalar(stream->request, "exclude_input_in_output", &flag) ? !flag
+                                                                                          : EngineRepeatsPrompt();
+}
+
+bool Handoff::EngineRepeatsPrompt() {
+  std::lock_guard<std::mutex> lock(engine_config_mutex_);
+  if (engine_repeats_prompt_ < 0) {
+    TRITONSERVER_Message* message = nullptr;
+    const char* json = nullptr;
+    size_t size = 0;
+    std::string failure = Failure(TRITONSERVER_ServerModelConfig(server_, engine_.c_str(), -1, 1, &message));
+    if (failure.empty()) failure = Failure(TRITONSERVER_MessageSerializeToJson(message, &json, &size));
+    if (failure.empty()) {
+      // The backend's default when the parameter is not set: the prompt is repeated.
+      engine_repeats_prompt_ = ConfigParameter(std::string(json, size), "exclude_input_in_output") != "true";
+    }
+    if (message != nullptr) LogFailure(TRITONSERVER_MessageDelete(message), "message");
+    if (!failure.empty()) return false;  // not loaded yet: its requests fail anyway; read again next time
+  }
+  return engine_repeats_prompt_ == 1;
+}
+
 // On the engine's response thread: as little as can be.
 void Handoff::OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp) {
   HandoffStream* stream = static_cast<HandoffStream*>(userp);
@@ -266,6 +340,13 @@ void Handoff::Deliver(const Delivery& delivery) {
     if (error != nullptr) {  // owned by the response: not deleted here
       SendError(stream, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
     } else if (delivery.response != nullptr) {
+      if (metrics_ != nullptr) {
+        int64_t tokens = OutputTokens(delivery.response);
+        if (stream->timing.first_token_ns == 0 && stream->timing.prompt_in_output) {
+          tokens -= stream->timing.prompt_tokens;
+        }
+        metrics_->OnTokens(&stream->timing, tokens, NowNs());
+      }
       const std::string failure = Resend(stream, delivery.response, delivery.flags);
       if (!failure.empty()) {
         SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
@@ -274,6 +355,10 @@ void Handoff::Deliver(const Delivery& delivery) {
       }
     } else if (final) {
       LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
+    }
+    if (final && !stream->failed && metrics_ != nullptr) {
+      stream->timing.cancelled = cancelled || stream->cancel_passed_on;
+      metrics_->OnFinished(stream->timing, NowNs());
     }
     // SendError ends the stream; so does the engine's final response.
     if (stream->failed || final) {

@@ -27,6 +27,7 @@
 #include <deque>
 
 #include "relay.h"
+#include "request_metrics.h"
 
 namespace llama3_relay {
 
@@ -34,8 +35,9 @@ struct HandoffStream;
 
 class Handoff : public ModelRole {
  public:
+  // metrics_model: the model label of the ensemble's request metrics (request_metrics.h); "" for none.
   static TRITONSERVER_Error* Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
-                                    Handoff** handoff);
+                                    const std::string& metrics_model, Handoff** handoff);
   ~Handoff() override;
 
   void Execute(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request** requests, uint32_t count) override;
@@ -71,6 +73,11 @@ class Handoff : public ModelRole {
   // Once the engine request is released and the stream's final response has gone: the stream is forgotten and the
   // ensemble's request released.
   void Done(HandoffStream* stream);
+  // What the metrics need of a request, read from its inputs on arrival.
+  void ReadTiming(HandoffStream* stream);
+  // Whether the engine repeats the prompt in its output when a request does not say (its exclude_input_in_output
+  // parameter, read from its config once it answers).
+  bool EngineRepeatsPrompt();
 
   TRITONSERVER_Server* server_ = nullptr;
   std::string model_name_;
@@ -80,6 +87,9 @@ class Handoff : public ModelRole {
   std::atomic<uint64_t> next_stream_{0};
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<bool> stopping_{false};
+  std::unique_ptr<RequestMetrics> metrics_;  // null: no metrics (they could not be created)
+  std::mutex engine_config_mutex_;
+  int engine_repeats_prompt_ = -1;  // -1: not read yet
 };
 
 }  // namespace llama3_relay

@@ -86,6 +86,8 @@ std::string Failure(TRITONSERVER_Error* error);
 // For calls whose failure ends nothing more than itself.
 void LogFailure(TRITONSERVER_Error* error, const char* what);
 uint64_t NowNs();  // the clock of Triton's own statistics
+// The value of a string parameter in a model config's JSON, or "" (backend.cc).
+std::string ConfigParameter(const std::string& json, const std::string& key);
 TRITONSERVER_Error* InvalidConfig(const std::string& message);  // the model cannot load: the config's fault
 // The final response of `factory`, carrying the error; the final flag alone when even that cannot be sent (logged).
 void SendFinalError(TRITONBACKEND_ResponseFactory* factory, TRITONSERVER_Error_Code code, const std::string& message);
