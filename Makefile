@@ -4,13 +4,14 @@
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
-# In the NGC TensorRT-LLM container (tritonserver on PATH) the system Python already has torch, transformers,
-# modelopt and tensorrt_llm: use it and install only this package. Elsewhere: a venv with every extra.
+# In the NGC TensorRT-LLM container (tritonserver on PATH) its python3 already has torch, transformers, modelopt and
+# tensorrt_llm: use it and install nothing (every command runs from this checkout, so an air-gapped container needs
+# no package index). Elsewhere: a venv with every extra.
 SYSTEM_PYTHON ?= $(if $(shell command -v tritonserver),1,)
 ifeq ($(SYSTEM_PYTHON),1)
 PY := $(PYTHON)
 STAMP := build/.installed-system
-INSTALL := $(PY) -m pip install -q --no-deps -e .
+INSTALL := @echo "container Python ($$(command -v $(PYTHON))): nothing to install, commands run from this checkout"
 TEST_VENV ?= build/venv-test
 TEST_PY := $(TEST_VENV)/bin/python
 TEST_SETUP := $(TEST_VENV)/.installed
@@ -100,13 +101,14 @@ API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve serve-only check-repo test bench soak dist clean distclean help
+.PHONY: setup repo serve serve-only check-repo test rehearse bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run the unit + integration tests"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
+	@echo "make rehearse   the README's container commands in a reproduction of the 26.07 image (root; make test runs it)"
 	@echo "make serve-only REPO=...   check, then serve an existing repository (builds nothing; docs/container.md)"
 	@echo "make bench   print the benchmark tables"
 	@echo "make soak    concurrent mixed load with faults (DURATION=seconds CONCURRENCY=clients)"
@@ -165,18 +167,27 @@ check-repo:
 IN_PROCESS_REPO ?= build/model_repository_in_process
 BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py tests/integration/test_bad_input.py \
     tests/integration/test_conformance.py tests/integration/test_guided.py
+# Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
+REHEARSAL ?= 1
 test: $(if $(SERVER_URL),$(TEST_SETUP),repo)
 	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
 	$(MAKE) --no-print-directory repo RELAY=off REPO=$(IN_PROCESS_REPO)
 	$(TEST_PY) -m pytest -q $(BLS_TESTS) --repo $(IN_PROCESS_REPO)
+ifeq ($(REHEARSAL),1)
+	$(MAKE) --no-print-directory rehearse
+endif
 endif
 
-# The container's test clients: a venv over the system site-packages (torch, transformers) with this package and
-# its test extra, which shadow the system's only inside it.
+# The README's container commands, as written, in a reproduction of the 26.07 image's layout on this machine
+# (tools/container_rehearsal.py: what it reproduces; docs/container.md: what it cannot). Runs the default repository.
+rehearse: repo
+	$(PY) -m tools.container_rehearsal
+
+# The container's test clients: a venv of the test extra over the container Python's site-packages, which it
+# shadows only inside it (testkit/client_venv.py says why it is not --system-site-packages).
 $(TEST_VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv --system-site-packages $(TEST_VENV)
-	$(TEST_VENV)/bin/pip install -q -e ".[test]"
+	$(PYTHON) -m testkit.client_venv $(TEST_VENV)
 	touch $@
 
 bench: repo
@@ -246,4 +257,10 @@ k8s: setup
 	$(PY) -m deploy.render --repo $(REPO) --out $(K8S_OUT) $(if $(K8S_VALUES),--values $(K8S_VALUES)) \
 	    $(if $(K8S_SET),--set "$(K8S_SET)")
 
-.PHONY: k8s
+# make prometheus-check: a real Prometheus (Debian's `prometheus` package) with deploy/prometheus/rules.yaml scrapes a
+# real tritonserver (and the OpenAI API) on REPO under a soak: every dashboard query must return data and the
+# autoscaling signal must rise with the load and fall after it (tools/prometheus_check.py).
+prometheus-check: repo
+	$(PY) tools/prometheus_check.py --repo $(REPO)
+
+.PHONY: k8s prometheus-check

@@ -56,6 +56,13 @@ CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 class Report:
     problems: list[str] = field(default_factory=list)
     unchecked: list[str] = field(default_factory=list)
+    # Parameters that name a file of this repository by absolute path ("model: key = path"): the repository must be
+    # served from that folder, never from an object store's temporary copy.
+    fixed_paths: list[str] = field(default_factory=list)
+    # Backend libraries a model ships in its own folder (the relay): Triton looks for them under the repository's
+    # path as given, not under the local copy it makes of an object store's (core backend_model.cc,
+    # GetBackendLibrarySearchPaths(model_path, ...); seen here with Triton 2.51 and moto's S3).
+    model_libraries: list[str] = field(default_factory=list)
 
     def fail(self, model: str, reason: str) -> None:
         self.problems.append(f"{model}: {reason}")
@@ -72,6 +79,19 @@ class Report:
                                            f"{len(self.problems)} problem(s): these would fail to load or misbehave")]
         lines += [f"  FAIL {problem}" for problem in self.problems]
         lines += [f"  not checked here: {item}" for item in self.unchecked]
+        if self.fixed_paths:
+            roots = sorted({entry.split(" = ", 1)[1].split(f"/{entry.split(':', 1)[0]}/1", 1)[0]
+                            for entry in self.fixed_paths})
+            lines.append(f"  served from: {' or '.join(roots)} only (the backend opens {'; '.join(self.fixed_paths)}). "
+                         "From an object store, sync it to that folder first: Triton copies an s3:// / gs:// / as:// "
+                         "repository to a temporary folder those paths do not name")
+        elif self.model_libraries:
+            lines.append(f"  served from: any local folder. From an object store, sync it to one first: Triton looks "
+                         f"for a model's own backend library ({', '.join(self.model_libraries)}) under the store's "
+                         "path, not its local copy")
+        else:
+            lines.append("  served from: any folder, or an object store as is (s3://, gs://, as://): no config names "
+                         "a path of its own and no model ships a backend library")
         return "\n".join(lines)
 
 
@@ -119,6 +139,9 @@ def check_repository(repo: Path) -> Report:
             report.fail(name, f"listed in {MANIFEST} but missing from the repository")
     for model in models.values():
         _check_model(model, models, manifest, report)
+        report.fixed_paths += [f"{model.name}: {key} = {value}" for key, value in sorted(model.parameters.items())
+                               if value.startswith("/") and f"/{model.name}/1" in value]
+        report.model_libraries += [str(library.relative_to(repo)) for library in sorted(model.directory.glob("*/*.so"))]
     _check_lora(models, manifest, report)
     return report
 

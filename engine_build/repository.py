@@ -192,7 +192,7 @@ class RepositoryError(RuntimeError):
 
 def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     out = out.resolve()
-    _prepare_output_dir(out)
+    _prepare_output_dir(out, settings)
     relayed = _use_relay(settings)
     if settings.bls_instance_count is None:
         settings = replace(settings, bls_instance_count=default_bls_instance_count(relayed))
@@ -387,10 +387,15 @@ def _version(distribution: str) -> str | None:
         return None
 
 
-def _prepare_output_dir(out: Path) -> None:
+def _prepare_output_dir(out: Path, settings: RepositorySettings) -> None:
     if out.exists():
         if any(out.iterdir()) and not (out / MANIFEST).is_file():
             raise RepositoryError(f"{out} exists and was not built by this tool; refusing to overwrite it")
+        if settings.engine != "trtllm" and any((out / TARGET_MODEL / "1").glob("rank*.engine")):
+            # `make serve` builds the embedded default first: over a GPU repository it would delete its engines.
+            raise RepositoryError(
+                f"{out} holds TensorRT-LLM engines; refusing to build the {settings.engine} default over them: "
+                f"serve it with `make serve-only REPO={out}`, or build elsewhere with REPO=")
         shutil.rmtree(out)
     out.mkdir(parents=True)
 
@@ -403,8 +408,10 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
     validated config."""
     source = TEMPLATES / (source_name or name)
     target = out / name
-    ignore = shutil.ignore_patterns("__pycache__", ".gitkeep")
+    ignore = shutil.ignore_patterns("__pycache__")
     if version_files:
+        # .gitkeep included: an empty version folder (the ensemble's) is lost in an object store, which holds files only,
+        # and Triton then finds no version to load (NVIDIA's ensemble ships ensemble/1/.tmp for the same reason).
         shutil.copytree(source / "1", target / "1", ignore=ignore)
     else:
         (target / "1").mkdir(parents=True)

@@ -223,7 +223,7 @@ def needs_orchestrator(manifest: dict) -> bool:
 class TritonServer:
     """A tritonserver child process; a context manager that waits for readiness and stops cleanly."""
 
-    repo: Path
+    repo: Path | str  # a folder, or an object store's URL as tritonserver takes it
     ports: ServerPorts = field(default_factory=ServerPorts.free)
     log_path: Path | None = None
     address: str = "127.0.0.1"
@@ -299,12 +299,14 @@ def is_ready(http_url: str) -> bool:
         return False
 
 
-def launch(repo: Path, ports: ServerPorts, address: str = "0.0.0.0", extra_args: tuple[str, ...] = (),
+def launch(repo: Path | str, ports: ServerPorts, address: str = "0.0.0.0", extra_args: tuple[str, ...] = (),
            python: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment that serve `repo`: the launch mode and the engines' world size (TP x PP) follow what
     its repository.json says, so an existing repository serves as it was built."""
-    manifest_file = repo / "repository.json"
-    manifest = json.loads(manifest_file.read_text()) if manifest_file.is_file() else {}
+    # An object store's repository (s3://, gs://, as://: Triton copies it to a local folder) is served with the defaults:
+    # only a repository that needs no fixed path can be (check-repo says which).
+    manifest_file = None if "://" in str(repo) else Path(repo) / "repository.json"
+    manifest = json.loads(manifest_file.read_text()) if manifest_file and manifest_file.is_file() else {}
     orchestrator = needs_orchestrator(manifest)
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
     command = server_command(repo, ports, address=address, world_size=int(manifest.get("world_size", 1)),

@@ -106,6 +106,7 @@ STARTS_ITS_OWN_SERVER = {
     "test_metrics_handoff.py": "starts a server on a repository with the ensemble's handoff (where its metrics are "
                                "measured) it builds from build/assets",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
+    "test_object_store.py": "serves a RELAY=off repository it builds from build/assets from a local S3 server",
     "test_server_exit.py": "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
     "test_lora.py": "starts a server on a LORA_DIR repository (adapters it makes with peft) it builds from build/assets",
 }
@@ -124,6 +125,13 @@ NEEDS_EMBEDDED_ENGINE = {
                                                                    "come: the embedded engine's checks answer",
     "test_the_ensemble_refuses_a_deeply_nested_schema_by_name": "the ensemble passes the guide to tensorrt_llm as it "
                                                                 "comes: the embedded engine's check answers",
+    # Exact equality of speculative and plain greedy output holds where verifying k draft tokens computes the same
+    # logits as k plain steps: the embedded engine's float32 CPU arithmetic. On a GPU the batched verification's
+    # kernels round differently, and a near-tie can flip a token (TensorRT-LLM promises no bitwise equality).
+    "test_speculative_equals_plain_greedy": "needs verification's logits bitwise equal to plain decoding's",
+    "test_speculative_with_batch_of_two": "needs verification's logits bitwise equal to plain decoding's",
+    "test_draft_tokens_that_break_the_grammar_do_not_change_greedy_output": "needs verification's logits bitwise "
+                                                                            "equal to plain decoding's",
 }
 
 

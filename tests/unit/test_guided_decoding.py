@@ -8,7 +8,6 @@ import json
 import re
 import threading
 
-import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -20,6 +19,7 @@ from embedded_engine.guided import GrammarCache, Guide, GuideDeadEnd, guided_dec
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.scheduler import Engine, HFModelRunner
 from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
+from testkit.schemas import validate_guided
 
 VOCAB = 128256
 EOT = 128009  # <|eot_id|>: the tokenizer's eos, so the info file's stop token
@@ -237,7 +237,7 @@ def test_a_random_model_writes_valid_documents_in_one_batch_of_different_guides(
     texts = [tokenizer.decode(tokens) for tokens in result.tokens]
     for row, schema in enumerate(SCHEMAS):
         assert result.final(row).finish_reason is FinishReason.END_ID, texts[row]
-        jsonschema.validate(json.loads(texts[row]), schema)
+        validate_guided(json.loads(texts[row]), schema)
     assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", texts[-2]) and texts[-1] in ("yes", "no")
     assert all(EOT not in tokens for tokens in result.tokens)  # the guide's stop token ends it, as end_id
 
@@ -255,7 +255,7 @@ def test_the_document_ends_on_the_guides_stop_token_whatever_end_id_says(engine,
     extra = {} if end_id is None else {"end_id": np.array([end_id], np.int32)}
     result = generate(engine, requests(grammars, [128000, 9906], 64, [("json_schema", json.dumps(PERSON))], **extra))
     assert result.final().finish_reason is FinishReason.END_ID
-    jsonschema.validate(json.loads(tokenizer.decode(result.tokens[0])), PERSON)
+    validate_guided(json.loads(tokenizer.decode(result.tokens[0])), PERSON)
 
 
 def test_a_stop_word_inside_the_document_ends_it_there(engine, grammars, tokenizer):
@@ -298,3 +298,14 @@ def test_draft_tokens_that_break_the_grammar_are_rejected_and_greedy_output_is_u
         first = result.events[0][0]
         assert first.accepted_draft_tokens == accepted and first.token_ids == expected[:accepted + 1]
         assert result.tokens[0] == expected
+
+
+def test_numeric_bounds_are_checked_only_where_xgrammar_enforces_them():
+    from testkit.schemas import enforced_schema
+
+    schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0, "maximum": 120}},
+              "items": [{"exclusiveMaximum": 3, "maxLength": 2}]}
+    assert enforced_schema(schema, "0.2.8") == schema
+    assert enforced_schema(schema, "0.1.32") == {"type": "object", "properties": {"age": {"type": "integer"}},
+                                                 "items": [{"maxLength": 2}]}
+    assert schema["properties"]["age"]["maximum"] == 120  # the guide itself is untouched

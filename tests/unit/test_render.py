@@ -1,6 +1,7 @@
 """Config templates: strict rendering and validation as Triton ModelConfig protobufs."""
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -285,3 +286,17 @@ def test_stream_interval_reaches_the_bls_config(tmp_path):
     assert bls.parameters["stream_interval"].string_value == "4"
     with pytest.raises(SystemExit, match="--stream-interval must be at least 1"):
         bls_settings(Namespace(stream_interval=0, bls_instances=None, relay="auto"))
+
+
+def test_the_embedded_default_is_never_built_over_tensorrt_llm_engines(tmp_path):
+    """`make serve` builds the embedded default into REPO first: over a GPU repository it would delete the engines."""
+    from engine_build.repository import MANIFEST, RepositoryError, _prepare_output_dir
+
+    (tmp_path / "tensorrt_llm" / "1").mkdir(parents=True)
+    (tmp_path / "tensorrt_llm" / "1" / "rank0.engine").write_bytes(b"engine")
+    (tmp_path / MANIFEST).write_text("{}")
+    with pytest.raises(RepositoryError, match=r"holds TensorRT-LLM engines.*make serve-only REPO="):
+        _prepare_output_dir(tmp_path, SimpleNamespace(engine="embedded"))
+    assert (tmp_path / "tensorrt_llm" / "1" / "rank0.engine").is_file()
+    _prepare_output_dir(tmp_path, SimpleNamespace(engine="trtllm"))  # a rebuild of the GPU repository replaces it
+    assert not any(tmp_path.iterdir())
