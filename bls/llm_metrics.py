@@ -1,10 +1,10 @@
 """The request-level LLM metrics operators watch first, one definition for every model that serves text.
 
 Names, buckets and meaning are defined here once; `tensorrt_llm_bls` reports them through the Python backend
-(bls.triton_io.Metrics), the ensemble's engine step through the same names in C++ (relay/handoff.cc reads
-nothing from here: tests/unit/test_llm_metrics.py holds the two to the same names and buckets). Every family
-has the label `model` (the model clients call: `tensorrt_llm_bls`, `ensemble`), so one dashboard shows each
-path. docs/operations.md ("Metrics") puts each beside its vLLM and trtllm-serve equivalent.
+(bls.triton_io.Metrics), the ensemble's handoff through the same families in C++ (relay/request_metrics.cc, a copy
+that tests/unit/test_llm_metrics.py holds to this file). Every family has the label `model` (the model clients
+call: `tensorrt_llm_bls`, `ensemble`), so one dashboard shows each path. docs/operations.md ("Metrics") puts each
+beside its vLLM and trtllm-serve equivalent.
 
 Observations are per request, never per token: each pb_utils metric call is a round trip to tritonserver, and a
 per-token histogram would cost one per generated token. The inter-token latency is therefore each request's mean
