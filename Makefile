@@ -264,24 +264,3 @@ prometheus-check: repo
 	$(PY) tools/prometheus_check.py --repo $(REPO)
 
 .PHONY: k8s prometheus-check
-
-# ---- Kubernetes and Prometheus (docs/operations.md, "Kubernetes") ---------------------------------------------------
-# make k8s: deploy/ rendered for REPO (its repository.json: GPUs = TP x PP, the serve path) into build/k8s/ and
-# validated against Kubernetes' schemas. K8S_VALUES=my.yaml is merged over deploy/values.yaml; K8S_SET="a.b=c ...";
-# PROMETHEUS_OPERATOR_CRDS=<the operator's example/prometheus-operator-crd> validates the PodMonitor and
-# PrometheusRule against their CRDs too.
-K8S_OUT ?= build/k8s
-K8S_VALUES ?=
-K8S_SET ?=
-k8s: setup
-	@test -f $(REPO)/repository.json || $(MAKE) repo
-	$(PY) -m deploy.render --repo $(REPO) --out $(K8S_OUT) $(if $(K8S_VALUES),--values $(K8S_VALUES)) \
-	    $(if $(K8S_SET),--set "$(K8S_SET)")
-
-# make prometheus-check: a real Prometheus (Debian's `prometheus` package) with deploy/prometheus/rules.yaml scrapes a
-# real tritonserver (and the OpenAI API) on REPO under a soak: every dashboard query must return data and the
-# autoscaling signal must rise with the load and fall after it (tools/prometheus_check.py).
-prometheus-check: repo
-	$(PY) tools/prometheus_check.py --repo $(REPO)
-
-.PHONY: k8s prometheus-check
