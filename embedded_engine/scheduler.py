@@ -42,6 +42,7 @@ from bls.errors import Unavailable
 from bls.finish_reason import FinishReason
 from embedded_engine.draft_verification import accept_tokens
 from embedded_engine.lora import LoraCache, LoraLayout, prefetch
+from embedded_engine.lora_layers import LoraSlot, install_lora
 from embedded_engine.sampling import TokenSampler
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings
 from embedded_engine.stopping import StopCriteria
@@ -189,7 +190,7 @@ class Engine:
         # LoRA: the cache requests resolve their adapters in (None: the engine takes no LoRA), and the slot its
         # model's LoRA layers read the adapter of each forward pass from.
         adapters: LoraCache | None = None,
-        lora_slot: Any = None,
+        lora_slot: LoraSlot | None = None,
         # Called on the engine thread after each iteration (metrics); must not block.
         on_iteration: IterationCallback | None = None,
     ):
@@ -505,8 +506,6 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
     if settings.lora_target_modules:
         if settings.synthetic:
             raise ValueError("LoRA (lora_target_modules) needs a model: the synthetic runner has none")
-        from embedded_engine.lora_layers import install_lora
-
         layout = LoraLayout.from_config(loaded.config, settings.lora_target_modules, settings.max_lora_rank)
         lora_slot = install_lora(loaded.model, layout)
         adapters = LoraCache(layout, settings.lora_cache_host_memory_bytes)

@@ -21,8 +21,8 @@ from typing import Literal
 
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
-from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, convert_lora_dir, lora_cache_bytes, \
-    write_prefetch_dir
+from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, complete_modules, convert_lora_dir, \
+    lora_cache_bytes, write_prefetch_dir
 from engine_build.render import render_model_config
 from engine_build.trtllm_config import (
     FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
@@ -430,7 +430,6 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
     """`relay_library`: the repository's relay library, where it is built (_use_relay); the engine gets a copy with
     engine_relay. `adapters`: the LoRA adapters this engine serves, written to its prefetch folder."""
     is_draft = name == DRAFT_MODEL
-    lora_modules = sorted({module for adapter in adapters for module in adapter.modules})
     common = {
         "model_name": name,
         "triton_max_batch_size": settings.triton_max_batch_size,
@@ -516,8 +515,6 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
 def _embedded_lora_values(adapters: list[ConvertedAdapter], max_lora_rank: int) -> dict:
     """The embedded engine's LoRA parameters: what trtllm-build would be given (target modules, max rank) and the
     backend's cache keys; no adapters, no LoRA (empty target modules)."""
-    from engine_build.lora import complete_modules
-
     modules = complete_modules({module for adapter in adapters for module in adapter.modules})
     return {
         "lora_target_modules": ",".join(modules),
@@ -575,7 +572,7 @@ def variant_repository(base: Path, out: Path, **overrides) -> Path:
     """A repository built like `base` (its manifest's settings), with RepositorySettings fields overridden."""
     manifest = read_manifest(base)
     settings = {f.name: manifest[f.name] for f in dataclasses.fields(RepositorySettings) if f.name in manifest}
-    for key in ("tokenizer_dir", "target", "draft", "serve_path"):
+    for key in ("tokenizer_dir", "target", "draft", "serve_path", "lora_dir", "lora_base"):
         if settings.get(key) is not None:
             settings[key] = Path(settings[key])
     settings.update(overrides)
