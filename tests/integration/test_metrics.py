@@ -4,6 +4,9 @@ requests this test sends."""
 
 from __future__ import annotations
 
+import http.client
+import json
+import threading
 import time
 from collections import defaultdict
 
@@ -43,10 +46,20 @@ def scrape_until(endpoint, done, timeout_s: float = 10.0):
         time.sleep(0.1)
 
 
+def engine_idle(endpoint) -> dict:
+    """A scrape once the engine holds no sequence (a request stopped by an earlier test may still be ending) and
+    what it did has been handed to Triton (every 0.1 s)."""
+    engine = dict(model=ENGINE, version="1")
+    scrape_until(endpoint, lambda s: value(s, "nv_trt_llm_request_metrics", request_type="active", **engine)
+                 + value(s, "nv_trt_llm_request_metrics", request_type="waiting", **engine) == 0)
+    time.sleep(0.3)
+    return scrape(endpoint)
+
+
 def test_bls_request_metrics_count_the_requests_sent(endpoint):
     """Three streamed and two non-streamed BLS requests, each running to max_tokens: one first-token, one
     per-token and one end-to-end observation each, their prompt and generated tokens, finish reason length."""
-    before = scrape(endpoint)
+    before = engine_idle(endpoint)
     max_tokens, prompt_tokens = 6, 0
     for prompt in ("one metric", "two metrics", "three metrics here"):
         events = generate_stream(endpoint.http, BLS, {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
@@ -74,10 +87,7 @@ def test_bls_request_metrics_count_the_requests_sent(endpoint):
 
 def test_bls_counts_a_request_stopped_by_its_client_as_cancelled(endpoint):
     """A client that leaves mid-stream: finish_reason cancelled, never length."""
-    import http.client
-    import json
-
-    before = scrape(endpoint)
+    before = engine_idle(endpoint)
     host, port = endpoint.http.split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
     connection.request("POST", f"/v2/models/{BLS}/generate_stream",
@@ -103,7 +113,7 @@ def _labels_of(samples, name: str, category: str) -> set[str]:
 def test_embedded_engine_exports_the_tensorrtllm_backend_families(endpoint):
     """Same family names, label keys and values as TensorRT-LLM 1.2's backend (embedded_engine.metrics); the token
     length histograms count each engine request once with its prompt and generated tokens."""
-    before = scrape(endpoint)
+    before = engine_idle(endpoint)
     input_lengths, max_tokens = [], 5
     for prompt in ("engine metrics", "engine metrics again"):
         events = generate_stream(endpoint.http, BLS, {"text_input": prompt, "max_tokens": max_tokens, "stream": True,
@@ -111,7 +121,8 @@ def test_embedded_engine_exports_the_tensorrtllm_backend_families(endpoint):
         input_lengths.append(int(events[-1]["num_input_tokens"]))
     input_kind = dict(model=ENGINE, version="1", response_metric_type="total_input_tokens")
     output_kind = dict(model=ENGINE, version="1", response_metric_type="total_output_tokens")
-    after = scrape_until(endpoint, lambda s: delta(before, s, "nv_llm_output_token_len_count", **output_kind) >= 2)
+    after = scrape_until(endpoint, lambda s: delta(before, s, "nv_llm_output_token_len_count", **output_kind) >= 2
+                         and delta(before, s, "nv_llm_input_token_len_count", **input_kind) >= 2)
     assert delta(before, after, "nv_llm_input_token_len_count", **input_kind) == 2
     assert delta(before, after, "nv_llm_input_token_len_sum", **input_kind) == sum(input_lengths)
     assert delta(before, after, "nv_llm_output_token_len_count", **output_kind) == 2
@@ -143,8 +154,6 @@ def test_embedded_engine_exports_the_tensorrtllm_backend_families(endpoint):
 
 def test_the_kv_cache_and_request_gauges_follow_a_running_generation(endpoint):
     """While a long generation runs, one sequence is active and holds KV blocks."""
-    import threading
-
     engine = dict(model=ENGINE, version="1")
     done = threading.Event()
     thread = threading.Thread(target=lambda: (generate(endpoint.http, BLS, {"text_input": "long", "max_tokens": 300}),
