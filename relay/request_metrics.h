@@ -3,7 +3,9 @@
 //
 // Names, buckets and meaning are bls/llm_metrics.py's (the one definition; tests/unit/test_llm_metrics.py holds
 // this file to it), labelled model="ensemble", beside tensorrt_llm_bls's series of the same families: Triton's
-// registry shares a family between the Python backend and this library (same name and kind).
+// registry shares a family between the Python backend and this library (same name and kind), and deleting either's
+// handle never removes it from the registry (core src/metric_family.cc, r24.10 to main: DLIS-4072; a metric of the
+// same labels is reference-counted), so either model unloads without touching the other's series.
 //
 // What differs from the BLS's: time runs from the engine step's arrival, i.e. after the ensemble's preprocessing
 // step (tokenization; no backend API gives the ensemble request's own arrival), and a non-streamed request has no
