@@ -13,6 +13,7 @@ Sections (each runnable alone with --only):
                per-token mask cost (real default repository, and in-process)
   openai       streamed chat through the OpenAI-compatible API vs straight to tensorrt_llm_bls over gRPC at 16/64/256
                streams, and the first-token latency it adds with the engine paced like a GPU (synthetic engine)
+  metrics      what the request metrics and the engine's nv_trt_llm gauges cost per generated token (a bench model)
 
 Tables go to stdout; the same rows go to <out>/results.json (a run of some sections updates only those).
 Speed goals are measured here and never asserted in tests. --quick shortens every section for development:
@@ -37,8 +38,8 @@ from typing import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tools import (  # noqa: E402
-    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_openai, bench_pipeline, bench_speculative,
-    bench_streaming,
+    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_metrics, bench_openai, bench_pipeline,
+    bench_speculative, bench_streaming,
 )
 from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
 
@@ -61,6 +62,7 @@ SECTIONS = (
     Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)",
             bench_guided.run),
     Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)", bench_openai.run),
+    Section("metrics", "9. metrics: cost per generated token (bench model, production classes)", bench_metrics.run),
 )
 
 
