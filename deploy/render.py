@@ -150,7 +150,8 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
                                      keep_trailing_newline=True)
     context = dict(v=v, repo=facts, labels=labels, selector=selector, triton_command=triton_command,
                    triton_env=triton_env, triton_requests=requests, triton_limits=limits, api_command=api_command,
-                   rules=yaml.safe_load(RULES.read_text()), dashboard=DASHBOARD.read_text())
+                   rules=yaml.safe_load(RULES.read_text()), dashboard=DASHBOARD.read_text(),
+                   pull_secrets=[{"name": name} for name in v["imagePullSecrets"]])
     files = {}
     for template in sorted(TEMPLATES.glob("*.yaml.j2")):
         text = environment.get_template(template.name).render(context)

@@ -100,13 +100,15 @@ def test_engines_built_without_a_serve_path_are_refused_by_name(tmp_path):
 def test_an_object_store_repository_is_synced_by_an_init_container_to_the_serve_path(tmp_path):
     repo = repository(tmp_path, engine="trtllm", world_size=1, serve_path="/models/r")
     values = load_values([], ["repository.source=s3", "repository.s3.uri=s3://b/llama3",
-                              "repository.s3.credentialsSecret=s3-creds", "api.apiKeySecret=llama3-key"])
+                              "repository.s3.credentialsSecret=s3-creds", "api.apiKeySecret=llama3-key",
+                              "imagePullSecrets=[ngc]"])
     files = render(repo, values)
     assert validate(files) == []
     pod = objects(files)["Deployment"]["spec"]["template"]["spec"]
     sync = pod["initContainers"][0]
     assert sync["command"][:3] == ["aws", "s3", "sync"] and sync["command"][-2:] == ["s3://b/llama3", "/models/r"]
     assert sync["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
+    assert pod["imagePullSecrets"] == [{"name": "ngc"}]
     volume = next(v for v in pod["volumes"] if v["name"] == "model-repository")
     assert "emptyDir" in volume
     api = container(objects(files)["Deployment"], "openai-api")
