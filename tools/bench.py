@@ -14,6 +14,7 @@ Sections (each runnable alone with --only):
   openai       streamed chat through the OpenAI-compatible API vs straight to tensorrt_llm_bls over gRPC at 16/64/256
                streams, and the first-token latency it adds with the engine paced like a GPU (synthetic engine)
   metrics      what the request metrics and the engine's nv_trt_llm gauges cost per generated token (a bench model)
+  lora         LoRA adapters on the embedded engine: a batch with mixed adapters against one without (in-process)
 
 Tables go to stdout; the same rows go to <out>/results.json (a run of some sections updates only those).
 Speed goals are measured here and never asserted in tests. --quick shortens every section for development:
@@ -38,7 +39,7 @@ from typing import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tools import (  # noqa: E402
-    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_metrics, bench_openai, bench_pipeline,
+    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai, bench_pipeline,
     bench_speculative, bench_streaming,
 )
 from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
@@ -63,6 +64,7 @@ SECTIONS = (
             bench_guided.run),
     Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)", bench_openai.run),
     Section("metrics", "9. metrics: cost per generated token (bench model, production classes)", bench_metrics.run),
+    Section("lora", "10. LoRA adapters: mixed-adapter batch vs none (embedded engine, in-process)", bench_lora.run),
 )
 
 
