@@ -33,12 +33,18 @@ def creator_site_packages() -> list[str]:
     return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
 
 
-def create(target: Path) -> Path:
+def layered_venv(target: Path) -> Path:
+    """A new venv at `target` that sees its own site-packages first, this interpreter's after them; its python."""
     venv.EnvBuilder(with_pip=True, clear=True).create(target)
     python = target / "bin" / "python"
     site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           check=True, capture_output=True, text=True).stdout.strip()
     Path(site, PTH_NAME).write_text("\n".join(creator_site_packages()) + "\n")
+    return python
+
+
+def create(target: Path) -> Path:
+    python = layered_venv(target)
     subprocess.run([python, "-m", "pip", "install", "-q", *test_requirements()], check=True)
     return python
 
