@@ -61,12 +61,15 @@ class InProcessTransport:
     """Serves each request to its end on the calling thread: Triton's `execute` thread (see the module docstring)."""
 
     def __init__(self, model_name: str, contract: ModelContract, decoupled: bool,
-                 after_send: Callable[[], None] = lambda: None, checks: CancellationChecks = PROCESS_CHECKS):
-        """after_send(): run on this thread after each response is sent and after each request (the model's metrics
-        are handed over there: no other thread may make pb_utils calls)."""
+                 after_send: Callable[[], None] = lambda: None, after_request: Callable[[], None] = lambda: None,
+                 checks: CancellationChecks = PROCESS_CHECKS):
+        """after_send(): run on this thread after each response is sent; after_request(): after each request (the
+        model's metrics are handed over there, every FLUSH_S and at each request's end: no other thread may make
+        pb_utils calls, and with no request coming nothing else would hand over the last one's)."""
         self._model_name = model_name
         self._contract = contract
         self._after_send = after_send
+        self._after_request = after_request
         self._checks = checks
         self.models = InProcessModels(decoupled_engines=decoupled)
         self.row_pool: Executor | None = None  # a batch's rows one after another: streams on one thread only
@@ -84,7 +87,7 @@ class InProcessTransport:
                 sink.send_error(error)
             finally:
                 sink.close()
-                self._after_send()
+                self._after_request()
 
     def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
         """Unload: nothing to wait for or stop (both arguments are the relay transport's); every request ended

@@ -344,6 +344,7 @@ class Metrics:
         self._lock = lock or threading.Lock()
         self._families: dict[str, Any] = {}
         self._metrics: list[_Metric] = []
+        self._before_flush: list[Callable[[], None]] = []
         self._closed = threading.Event()
         self._next_flush = time.monotonic() + self.FLUSH_S
         self._flusher = None
@@ -358,8 +359,16 @@ class Metrics:
             return
         self._next_flush = now + self.FLUSH_S
         with self._lock:
-            for metric in self._metrics:
-                metric.flush()
+            self._flush()
+
+    def flush_now(self) -> None:
+        """Hand Triton what gathered now (flush_thread=False: on the one thread that makes the process's pb_utils
+        calls, when nothing may come to call flush_due again soon)."""
+        if self._closed.is_set():
+            return
+        self._next_flush = time.monotonic() + self.FLUSH_S
+        with self._lock:
+            self._flush()
 
     def close(self) -> None:
         """Hand Triton what is pending, then release every metric and family now (call it from finalize): left
@@ -369,11 +378,23 @@ class Metrics:
         if self._flusher is not None:
             self._flusher.join(timeout=5)
         with self._lock:
+            self._flush()
             for metric in self._metrics:
-                metric.flush()
                 metric.release()
             self._metrics.clear()
             self._families.clear()
+            self._before_flush.clear()
+
+    def before_flush(self, hook: Callable[[], None]) -> None:
+        """Call `hook` before each hand-over (with the lock held; it may set and observe, never block): for values
+        that change far more often than they are handed over, set once per flush instead of at each change."""
+        self._before_flush.append(hook)
+
+    def _flush(self) -> None:
+        for hook in self._before_flush:
+            hook()
+        for metric in self._metrics:
+            metric.flush()
 
     def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
         return self._metric(name, description, pb_utils.MetricFamily.COUNTER, labels)
@@ -399,8 +420,7 @@ class Metrics:
     def _flush_every_period(self) -> None:
         while not self._closed.wait(self.FLUSH_S):
             with self._lock:
-                for metric in self._metrics:
-                    metric.flush()
+                self._flush()
 
 
 class _Metric:

@@ -30,7 +30,9 @@ class Request2(Request):
 
 def test_in_process_serves_each_request_to_its_end_on_the_calling_thread(transports):
     sent_after = []
-    transport = transports.InProcessTransport("m", CONTRACT, decoupled=True, after_send=lambda: sent_after.append(1))
+    ended_after = []
+    transport = transports.InProcessTransport("m", CONTRACT, decoupled=True, after_send=lambda: sent_after.append(1),
+                                              after_request=lambda: ended_after.append(1))
     seen = []
 
     def serve(inputs, request_id, sink, arrived):
@@ -45,7 +47,8 @@ def test_in_process_serves_each_request_to_its_end_on_the_calling_thread(transpo
     assert all(rid.startswith("client-id-") for _, rid, _ in seen) and seen[0][1] != seen[1][1], "unique ids"
     for request in requests:
         assert [flags for _, flags in request.sender.sent] == [0, 1], "each stream ends exactly once"
-    assert len(sent_after) == 2 * 2 + 2, "the hook runs after each send and after each request"
+    assert len(sent_after) == 2 * 2, "after_send runs after each send"
+    assert len(ended_after) == 2, "after_request runs after each request (the metrics are handed over there)"
 
 
 def test_in_process_turns_a_failure_into_that_requests_error_and_ends_a_stream_left_open(transports, triton_io):  # noqa: F811

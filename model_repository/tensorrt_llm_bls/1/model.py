@@ -72,7 +72,8 @@ class TritonPythonModel:
                 merge=partial(merge_streamed, accumulate=self.config.accumulate_tokens))
         elif transport == "in_process":
             self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS, self.config.decoupled,
-                                                after_send=self.metrics.flush_due)
+                                                after_send=self.metrics.flush_due,
+                                                after_request=self.metrics.flush_now)
         else:
             raise ValueError(f"{MODEL}: model parameter transport={transport!r} is neither relay nor in_process")
         pb_utils.Logger.log_info(f"{MODEL}: {transport} transport")
