@@ -284,6 +284,24 @@ def test_metric_updates_reach_triton_once_per_flush_not_per_update(triton_io):
     assert stub_tokens.calls == [("increment", 1000), ("increment", 5)]
 
 
+def test_before_flush_hooks_set_values_once_per_hand_over(triton_io):
+    """A value that changes every engine iteration is set by a hook at each hand-over, from the latest state: the
+    stub sees the last value once per flush, and close() hands over the final one."""
+    metrics = triton_io.Metrics(flush_thread=False)
+    active = metrics.gauge("llm_active", "d", {})
+    latest = {"active": 0}
+    metrics.before_flush(lambda: active.set(latest["active"]))
+    for value in range(1, 100):
+        latest["active"] = value
+    time.sleep(triton_io.Metrics.FLUSH_S)
+    metrics.flush_due()
+    assert active._metric.calls == [("set", 99)]
+    stub_active = active._metric
+    latest["active"] = 0
+    metrics.close()
+    assert stub_active.calls == [("set", 99), ("set", 0)]
+
+
 def test_request_parameters_are_refused_by_name(triton_io):
     """generate turns unknown JSON fields into parameters: each must be an error naming it, not a no-op."""
     from bls.contract import POSTPROCESSING
