@@ -164,13 +164,9 @@ def create_app(settings: Settings) -> FastAPI:
             finished = False
             try:
                 async with aclosing(events):
-                    for chunk in shapes.start_chunks():
-                        yield _sse(chunk)
-                    for chunk in shapes.chunks(first, include_usage):
-                        yield _sse(chunk)
+                    yield "".join(_sse(chunk) for chunk in shapes.start_chunks()) + shapes.lines(first)
                     async for event in events:
-                        for chunk in shapes.chunks(event, include_usage):
-                            yield _sse(chunk)
+                        yield shapes.lines(event)
                     if include_usage:
                         yield _sse(shapes.usage_chunk())
                     yield "data: [DONE]\n\n"
@@ -355,6 +351,20 @@ class _Shapes:
     def start_chunks(self) -> list[dict]:
         return []
 
+    def lines(self, event: Event) -> str:
+        """The server-sent events of one event. A text delta without log probabilities, nearly every event of a
+        stream, is written from a prefix made once (the same JSON as the dict path, without building it)."""
+        if isinstance(event, Delta) and not self.logprobs:
+            return f"{self._text_prefixes[event.index]}{json.dumps(event.text, ensure_ascii=False)}{self._text_suffix}"
+        return "".join(_sse(chunk) for chunk in self.chunks(event))
+
+    def _text_line_parts(self, text_key: str) -> None:
+        """_text_prefixes[i] + JSON string + _text_suffix: choice i's chunk carrying that text."""
+        head = json.dumps(self._chunk_head(), separators=(",", ":"))[:-1]
+        self._text_prefixes = [f'data: {head},"choices":[{{"index":{i},{text_key}' for i in range(self.n_choices)]
+        self._text_suffix = ('}' if text_key.startswith('"delta"') else '') + \
+            ',"finish_reason":null,"logprobs":null}],"usage":null}\n\n'
+
 
 class _ChatShapes(_Shapes):
     def __init__(self, body: ChatCompletionRequest, model: str):
@@ -363,6 +373,7 @@ class _ChatShapes(_Shapes):
         self.choices = [{"index": i, "message": {"role": "assistant", "content": None}, "finish_reason": None,
                          "logprobs": {"content": []} if body.logprobs else None} for i in range(body.n)]
         self.texts = [[] for _ in range(body.n)]
+        self._text_line_parts('"delta":{"content":')
 
     def _chunk_head(self) -> dict:
         return {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model}
@@ -396,7 +407,7 @@ class _ChatShapes(_Shapes):
         return {**self._chunk_head(), "choices": [{"index": index, "delta": delta, "finish_reason": finish_reason,
                                                    "logprobs": logprobs}], "usage": None}
 
-    def chunks(self, event: Event, include_usage: bool) -> list[dict]:
+    def chunks(self, event: Event) -> list[dict]:
         if isinstance(event, Delta):
             logprobs = {"content": _chat_logprobs(event.logprobs)} if self.logprobs else None
             return [self._chunk(event.index, {"content": event.text}, logprobs=logprobs)]
@@ -429,7 +440,7 @@ class _CompletionShapes(_Shapes):
         self.texts: list[list[str]] = [[prompts[i // body.n]] if body.echo else [] for i in range(self.n_choices)]
         self.entries: list[list[tuple[str, float]]] = [[] for _ in range(self.n_choices)]
         self.finish: list[str | None] = [None] * self.n_choices
-        self.echoed: set[int] = set()
+        self._text_line_parts('"text":')
 
     def _chunk_head(self) -> dict:
         return {"id": self.id, "object": "text_completion", "created": self.created, "model": self.model}
@@ -456,7 +467,7 @@ class _CompletionShapes(_Shapes):
     def start_chunks(self) -> list[dict]:
         return [self._chunk(i, self.prompts[i // self.n]) for i in range(self.n_choices)] if self.echo else []
 
-    def chunks(self, event: Event, include_usage: bool) -> list[dict]:
+    def chunks(self, event: Event) -> list[dict]:
         if isinstance(event, Delta):
             logprobs = _completion_logprobs(event.logprobs) if self.logprobs else None
             return [self._chunk(event.index, event.text, logprobs=logprobs)]

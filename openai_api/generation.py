@@ -113,14 +113,16 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
     held = ""
     held_logprobs: list[tuple[str, float]] = []
     last_text_at = None
+    time_to_first_token = metrics.time_to_first_token.labels(model)
+    inter_token_latency = metrics.inter_token_latency.labels(model)
     async with aclosing(bls.generate(inputs)) as responses:
         async for response in responses:
-            now = time.monotonic()
             if response.text:
+                now = time.monotonic()
                 if last_text_at is None:
-                    metrics.time_to_first_token.labels(model).observe(now - arrived)
+                    time_to_first_token.observe(now - arrived)
                 else:
-                    metrics.inter_token_latency.labels(model).observe(now - last_text_at)
+                    inter_token_latency.observe(now - last_text_at)
                 last_text_at = now
             out = stop.push(response.text)
             if response.finish_reason is not None:

@@ -97,20 +97,28 @@ class TritonBls:
 
 
 def _read(result) -> BlsResponse:
-    def value(name):
-        array = result.as_numpy(name)
-        return None if array is None else array.reshape(-1)
-
-    texts = value("text_output")
-    response = BlsResponse("".join(t.decode() for t in texts) if texts is not None else "")
-    log_probs = value("output_log_probs")
-    if log_probs is not None:
-        response.log_probs = [float(x) for x in log_probs]
-    reason = value("finish_reason")
-    if reason is not None:
-        response.finish_reason = reason[0].decode()
-    for name in ("num_input_tokens", "num_output_tokens"):
-        counts = value(name)
-        if counts is not None:
-            setattr(response, name, int(counts[0]))
+    """A response's outputs, read straight from its protobuf (InferResult.as_numpy searches and copies per call: this
+    runs for every streamed token). Triton sends outputs as raw bytes: BYTES elements as a 4-byte little-endian
+    length and the bytes, FP32 and INT32 little-endian."""
+    message = result.get_response()
+    response = BlsResponse("")
+    for output, raw in zip(message.outputs, message.raw_output_contents):
+        name = output.name
+        if name == "text_output":
+            response.text = "".join(_strings(raw))
+        elif name == "output_log_probs":
+            response.log_probs = np.frombuffer(raw, dtype="<f4").tolist()
+        elif name == "finish_reason":
+            response.finish_reason = _strings(raw)[0]
+        elif name in ("num_input_tokens", "num_output_tokens"):
+            setattr(response, name, int.from_bytes(raw[:4], "little", signed=True))
     return response
+
+
+def _strings(raw: bytes) -> list[str]:
+    strings, position = [], 0
+    while position < len(raw):
+        length = int.from_bytes(raw[position:position + 4], "little")
+        strings.append(raw[position + 4:position + 4 + length].decode())
+        position += 4 + length
+    return strings

@@ -5,7 +5,9 @@ The engine is section "streaming"'s stand-in (the synthetic embedded engine behi
 token). Both sides are driven from one asyncio loop in this process: the BLS by tritonclient's asyncio gRPC
 client (the client the API itself uses), the API by a minimal HTTP/1.1 client reading its server-sent events, so
 the clients cost about the same. Each stream is a chat request of STREAM_TOKENS tokens (the stand-in never ends
-a turn early). Unpaced (the stand-in as fast as the CPU lets it) the ratio of the API's tok/s to the BLS's is
+a turn early) at temperature 0, with the sampling inputs the API sends (top_p 1, a seed) sent to the BLS too, so
+the engine does the same work for both: sampling at temperature 1 over the 128,256-token vocabulary costs the CPU
+stand-in ~3 ms a token, which would hide everything else. Unpaced (the stand-in as fast as the CPU lets it) the ratio of the API's tok/s to the BLS's is
 the API's cost; paced like a GPU (one token per stream every PACED_STEP_MS, starts spread over a stream's
 duration) the difference of the first-token p50s is the latency the API adds.
 """
@@ -61,17 +63,21 @@ class Load:
 async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
     def tensor(name, value):
         item = grpcclient.InferInput(name, list(value.shape), "BYTES" if value.dtype == object else
-                                     {np.int32: "INT32", np.bool_: "BOOL"}[value.dtype.type])
+                                     {np.int32: "INT32", np.bool_: "BOOL", np.float32: "FP32",
+                                      np.uint64: "UINT64"}[value.dtype.type])
         item.set_data_from_numpy(value)
         return item
 
     inputs = [tensor("messages", np.array([[json.dumps(MESSAGES).encode()]], dtype=object)),
               tensor("max_tokens", np.array([[STREAM_TOKENS]], dtype=np.int32)),
-              tensor("stream", np.array([[True]]))]
+              tensor("stream", np.array([[True]])), tensor("return_num_output_tokens", np.array([[True]])),
+              tensor("temperature", np.array([[0.0]], np.float32)), tensor("top_p", np.array([[1.0]], np.float32)),
+              tensor("seed", np.array([[7]], np.uint64))]
 
     async def requests():
         yield {"model_name": "tensorrt_llm_bls", "inputs": inputs, "request_id": uuid.uuid4().hex,
-               "outputs": [grpcclient.InferRequestedOutput(n) for n in ("text_output", "finish_reason")]}
+               "outputs": [grpcclient.InferRequestedOutput(n) for n in ("text_output", "finish_reason",
+                                                                        "num_output_tokens")]}
 
     trace = Trace(time.perf_counter())
     stream = client.stream_infer(requests())
@@ -80,8 +86,10 @@ async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
             if error is not None:
                 raise RuntimeError(f"tensorrt_llm_bls: {error}")
             if result.as_numpy("text_output")[0]:
-                trace.tokens += 1
                 trace.first = trace.first or time.perf_counter()
+            counted = result.as_numpy("num_output_tokens")  # running count (the BLS may merge waiting responses)
+            if counted is not None:
+                trace.tokens = int(counted.reshape(-1)[0])
             if result.as_numpy("finish_reason") is not None:
                 break
     finally:
@@ -91,7 +99,9 @@ async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
 
 
 async def _api_stream(host: str, port: int) -> Trace:
-    body = json.dumps({"model": "bench", "messages": MESSAGES, "max_tokens": STREAM_TOKENS, "stream": True}).encode()
+    body = json.dumps({"model": "bench", "messages": MESSAGES, "max_tokens": STREAM_TOKENS, "stream": True,
+                       "temperature": 0, "seed": 7,
+                       "stream_options": {"include_usage": True}}).encode()
     trace = Trace(time.perf_counter())
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -105,9 +115,10 @@ async def _api_stream(host: str, port: int) -> Trace:
                 continue
             if line.startswith(b"data: [DONE]"):
                 break
-            if b'"content":"' in line and b'"content":""' not in line:  # a chunk with text (not the role chunk)
-                trace.tokens += 1
-                trace.first = trace.first or time.perf_counter()
+            if trace.first is None and b'"content":"' in line and b'"content":""' not in line:  # not the role chunk
+                trace.first = time.perf_counter()
+            if b'"choices":[]' in line:  # the usage chunk
+                trace.tokens = json.loads(line[6:])["usage"]["completion_tokens"]
     finally:
         writer.close()
     trace.end = time.perf_counter()
@@ -122,8 +133,8 @@ async def _load(one, clients: int, rounds: int, stagger_s: float) -> Load:
     began = time.perf_counter()
     results = await asyncio.gather(*(client(i) for i in range(clients)))
     load = Load([trace for traces in results for trace in traces], time.perf_counter() - began)
-    if any(trace.tokens < STREAM_TOKENS * 0.5 for trace in load.traces):  # merged responses: fewer, never this few
-        raise RuntimeError("a stream ended early")
+    if any(trace.tokens != STREAM_TOKENS or trace.first is None for trace in load.traces):
+        raise RuntimeError(f"a stream ended early: {[t.tokens for t in load.traces]}")
     return load
 
 
