@@ -72,7 +72,7 @@ def generate_batch(engine: Engine, prompts: list[list[int]], tokens: int, task_i
 
 def run(ctx: BenchContext) -> list[Row]:
     checkpoint = ctx.repo / TARGET_MODEL / "1" / CHECKPOINT_DIR
-    batch, tokens, rounds = (4, 16, 1) if ctx.quick else (8, 32, 3)
+    batch, tokens, rounds = (4, 16, 1) if ctx.quick else (8, 32, 4)
     prompts = [[128000, *range(1000 + 7 * i, 1010 + 7 * i)] for i in range(batch)]
 
     base_model = load_checkpoint(Path(checkpoint))
