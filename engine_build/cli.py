@@ -182,14 +182,22 @@ def cmd_relocate(args) -> None:
 def cmd_convert_lora(args) -> None:
     """One PEFT adapter in the backend's format, for a running deployment: the two files NVIDIA's client sends
     (inflight_batcher_llm_client.py --lora-path DIR --lora-task-id N), or a prefetch folder <dir>/<task id>/."""
-    from engine_build.lora import AdapterError, adapter_modules, base_llama_config, convert_peft_adapter
+    from engine_build.lora import (
+        AdapterError, adapter_modules, base_llama_config, convert_peft_adapter, repository_layout,
+    )
     from embedded_engine.lora import LoraLayout
 
     if args.task_id < 1:
         raise SystemExit(f"--task-id {args.task_id}: task ids start at 1 (NVIDIA's client sends no lora_task_id for 0)")
     try:
-        modules, _ = adapter_modules(args.adapter.parent, only=args.adapter)
-        layout = LoraLayout.from_config(base_llama_config(args.base), modules, args.max_lora_rank)
+        if args.repo is not None:  # the running deployment's engine: its dims, modules, max rank and task ids
+            layout, taken = repository_layout(args.repo)
+            if args.task_id in taken:
+                raise SystemExit(f"--task-id {args.task_id} is the repository's adapter {taken[args.task_id]!r}: "
+                                 f"choose another (the repository's: {sorted(taken)})")
+        else:
+            modules, _ = adapter_modules(args.adapter.parent, only=args.adapter)
+            layout = LoraLayout.from_config(base_llama_config(args.base), modules, args.max_lora_rank)
         adapter = convert_peft_adapter(args.adapter, args.task_id, layout)
     except AdapterError as error:
         raise SystemExit(str(error)) from None
@@ -264,10 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("convert-lora", help="one PEFT adapter -> model.lora_weights.npy + model.lora_config.npy "
                                             "(TensorRT-LLM 1.2.1's LoRA format, float16)")
     p.add_argument("--adapter", type=Path, required=True, help="the PEFT adapter folder (its name is the adapter's)")
-    p.add_argument("--base", type=Path, required=True,
-                   help="the base it must fit: an HF or TensorRT-LLM checkpoint, or a built engine folder")
+    fits = p.add_mutually_exclusive_group(required=True)
+    fits.add_argument("--repo", type=Path, help="the built repository it will be sent to: checked against its engine "
+                                                "(dims, LoRA modules, max rank) and its adapters' task ids")
+    fits.add_argument("--base", type=Path,
+                      help="the base it must fit: an HF or TensorRT-LLM checkpoint, or a built engine folder")
     p.add_argument("--task-id", type=int, required=True, help="the lora_task_id it will be sent with (not 0)")
-    p.add_argument("--max-lora-rank", type=int, default=64, help="the engine's --max_lora_rank")
+    p.add_argument("--max-lora-rank", type=int, default=64, help="with --base: the engine's --max_lora_rank")
     p.add_argument("--out", type=Path, required=True)
     p.set_defaults(func=cmd_convert_lora)
 

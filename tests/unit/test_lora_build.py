@@ -185,3 +185,21 @@ def test_convert_lora_writes_the_files_nvidias_client_sends(lora_dir, tmp_path):
     with pytest.raises(SystemExit, match="task ids start at 1"):
         cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--base", str(ASSETS / "tiny-target-awq"),
                   "--task-id", "0", "--out", str(tmp_path / "zero")])
+
+
+def test_convert_lora_against_a_running_repository_refuses_what_its_engine_cannot_take(lora_dir, tmp_path):
+    only_beta = tmp_path / "adapters"
+    shutil.copytree(lora_dir / "beta", only_beta / "beta")
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off",
+        lora_dir=only_beta))  # an engine built for attn_q, attn_k, attn_v
+    with pytest.raises(SystemExit, match="adapter 'alpha': targets attn_dense, mlp_h_to_4h, mlp_4h_to_h, mlp_gate, "
+                                         "which the engine is not built for"):
+        cli.main(["convert-lora", "--adapter", str(lora_dir / "alpha"), "--repo", str(repo), "--task-id", "5",
+                  "--out", str(tmp_path / "alpha")])
+    with pytest.raises(SystemExit, match="--task-id 1 is the repository's adapter 'beta'"):
+        cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--repo", str(repo), "--task-id", "1",
+                  "--out", str(tmp_path / "beta")])
+    cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--repo", str(repo), "--task-id", "5",
+              "--out", str(tmp_path / "beta")])
+    assert np.load(tmp_path / "beta" / "model.lora_config.npy")[0, :, 0].tolist()[:3] == [1, 2, 3]
