@@ -33,7 +33,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 PROJECT = Path(__file__).resolve().parents[1]
@@ -170,7 +169,7 @@ cd /work
 export PATH={IMAGE_PATH} HOME=/root
 # the test clients' venv, with the index (its first run needs one), by the Makefile's own rule
 make --no-print-directory build/venv-test/.installed
-exec unshare --net -- /opt/venv-tritonserver/bin/python3 tools/container_rehearsal.py --inside
+exec unshare --net -- /opt/venv-tritonserver/bin/python3 -m tools.container_rehearsal --inside
 """
 
 
@@ -213,18 +212,15 @@ def image_environment() -> dict[str, str]:
 
 
 def wait_ready(process: subprocess.Popen, timeout_s: float = 600) -> None:
+    from serving.tritonserver import is_ready  # the image's Python imports this checkout's code, as make does
+
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while not is_ready("localhost:8000"):
         if process.poll() is not None:
             raise SystemExit(f"make serve-only exited with status {process.returncode} before the server was ready")
-        try:
-            with urllib.request.urlopen("http://localhost:8000/v2/health/ready", timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+        if time.monotonic() > deadline:
+            raise SystemExit(f"the server was not ready on localhost:8000 after {timeout_s:.0f} s")
         time.sleep(1)
-    raise SystemExit(f"the server was not ready on localhost:8000 after {timeout_s:.0f} s")
 
 
 def tritonserver_pids(session: int) -> list[int]:
