@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 import urllib.parse
+from collections import Counter
 import urllib.request
 from pathlib import Path
 
@@ -211,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
             time.sleep(args.idle)
             load_start = time.time()
             stop_api = threading.Event()
-            api_counts: dict[str, int] = __import__("collections").Counter()
+            api_counts: Counter[str] = Counter()
             api_threads = [threading.Thread(target=api_chat_load, args=(f"127.0.0.1:{api_port}", stop_api,
                                                                         api_counts), daemon=True) for _ in range(2)]
             for thread in api_threads:
