@@ -20,6 +20,9 @@ from typing import Any, Mapping
 from bls.finish_reason import REPORTED_FINISH_REASONS, FinishReason
 
 TIME_TO_FIRST_TOKEN = "llm_time_to_first_token_seconds"
+# Where a model queues requests itself: tensorrt_llm_bls's admission (relay: its worker pool; in-process: the
+# requests of one execute call served one after another). Not the ensemble's: it queues nothing of its own.
+REQUEST_QUEUE_TIME = "llm_request_queue_time_seconds"
 TIME_PER_OUTPUT_TOKEN = "llm_time_per_output_token_seconds"
 E2E_REQUEST_LATENCY = "llm_e2e_request_latency_seconds"
 PROMPT_TOKENS = "llm_prompt_tokens_total"
@@ -29,11 +32,13 @@ REQUESTS = "llm_requests_total"  # label finish_reason: stop | length | cancelle
 # Seconds. First token and end-to-end span a cached short prompt on a GPU (ms) to a long queue (minutes); the
 # time per output token spans a fast GPU step (ms) to an overloaded CPU (s). vLLM's bucket edges, trimmed.
 TIME_TO_FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+REQUEST_QUEUE_TIME_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 TIME_PER_OUTPUT_TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_REQUEST_LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 DESCRIPTIONS = {
     TIME_TO_FIRST_TOKEN: "Time from the request's arrival to its first generated token",
+    REQUEST_QUEUE_TIME: "Time from the request's arrival until the model started serving it",
     TIME_PER_OUTPUT_TOKEN: "Mean time per output token after the first, one observation per request",
     E2E_REQUEST_LATENCY: "Time from the request's arrival to its last response",
     PROMPT_TOKENS: "Prompt tokens of finished requests",
@@ -70,6 +75,8 @@ class GenerationMetrics:
         labels: Mapping[str, str] = {"model": model}
         self._first_token = metrics.histogram(TIME_TO_FIRST_TOKEN, DESCRIPTIONS[TIME_TO_FIRST_TOKEN], labels,
                                               TIME_TO_FIRST_TOKEN_BUCKETS)
+        self._queued = metrics.histogram(REQUEST_QUEUE_TIME, DESCRIPTIONS[REQUEST_QUEUE_TIME], labels,
+                                         REQUEST_QUEUE_TIME_BUCKETS)
         self._per_token = metrics.histogram(TIME_PER_OUTPUT_TOKEN, DESCRIPTIONS[TIME_PER_OUTPUT_TOKEN], labels,
                                             TIME_PER_OUTPUT_TOKEN_BUCKETS)
         self._e2e = metrics.histogram(E2E_REQUEST_LATENCY, DESCRIPTIONS[E2E_REQUEST_LATENCY], labels,
@@ -79,6 +86,10 @@ class GenerationMetrics:
         self._finished = {reason: metrics.counter(REQUESTS, DESCRIPTIONS[REQUESTS],
                                                   {**labels, "finish_reason": reason.value})
                           for reason in REPORTED_FINISH_REASONS}
+
+    def started(self, queued_seconds: float) -> None:
+        """Observed when the model starts serving a request (before its first token)."""
+        self._queued.observe(queued_seconds)
 
     def first_token(self, seconds: float) -> None:
         """Observed when the first token is seen (a dashboard shows a slow first token before the request ends)."""

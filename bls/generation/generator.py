@@ -203,6 +203,7 @@ class RowResult:
 class GenerationObserver:
     """Hooks for metrics; no-ops by default."""
 
+    on_started: Callable[[float], None] = lambda queued_seconds: None  # when serving starts: time it waited
     on_first_token: Callable[[float], None] = lambda seconds: None
     on_finished: Callable[[RowResult], None] = lambda result: None
 
@@ -259,6 +260,7 @@ class TextGenerator:
         """Serve one request; every response (including the final one) goes through `sink`. `arrived`
         (time.monotonic() when Triton handed the request over) is where time to first token starts."""
         started = time.monotonic() if arrived is None else arrived
+        self.observer.on_started(time.monotonic() - started)
         pre = self.models.infer(
             self.config.preprocessing_model, request.preprocessing_inputs,
             [spec.name for spec in PREPROCESSING.outputs], request.request_id,

@@ -78,6 +78,9 @@ def test_bls_request_metrics_count_the_requests_sent(endpoint):
         assert delta(before, after, f"{histogram}_bucket", model=BLS, le="+Inf") == sent, histogram
     assert delta(before, after, "llm_requests_total", model=BLS, finish_reason="length") == sent
     assert delta(before, after, "llm_requests_total", model=BLS, finish_reason="stop") == 0
+    # One request at a time: each waited (almost) nothing before the BLS served it.
+    assert delta(before, after, "llm_request_queue_time_seconds_count", model=BLS) == sent
+    assert delta(before, after, "llm_request_queue_time_seconds_bucket", model=BLS, le="0.1") == sent
     assert delta(before, after, "llm_generation_tokens_total", model=BLS) == sent * max_tokens
     assert delta(before, after, "llm_prompt_tokens_total", model=BLS) == prompt_tokens
     # Each request's first token came before its end, on average too.

@@ -27,7 +27,8 @@ def _api_families() -> set[str]:
 
 
 def _exported() -> set[str]:
-    ours = {llm_metrics.TIME_TO_FIRST_TOKEN, llm_metrics.TIME_PER_OUTPUT_TOKEN, llm_metrics.E2E_REQUEST_LATENCY,
+    ours = {llm_metrics.TIME_TO_FIRST_TOKEN, llm_metrics.REQUEST_QUEUE_TIME, llm_metrics.TIME_PER_OUTPUT_TOKEN,
+            llm_metrics.E2E_REQUEST_LATENCY,
             llm_metrics.PROMPT_TOKENS, llm_metrics.GENERATION_TOKENS, llm_metrics.REQUESTS}
     engine = {engine_metrics.REQUEST_METRICS, engine_metrics.KV_CACHE_BLOCK_METRICS,
               engine_metrics.INFLIGHT_BATCHER_METRICS, engine_metrics.GENERAL_METRICS,

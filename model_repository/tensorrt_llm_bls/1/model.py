@@ -97,7 +97,8 @@ class TritonPythonModel:
                 draft_tokens.increment(result.speculation.draft_tokens)
                 accepted.increment(result.speculation.accepted_tokens)
 
-        return GenerationObserver(on_first_token=generations.first_token, on_finished=on_finished)
+        return GenerationObserver(on_started=generations.started, on_first_token=generations.first_token,
+                                  on_finished=on_finished)
 
     def execute(self, requests):
         self.transport.execute(requests, self._serve)
