@@ -26,7 +26,9 @@ from bls.batch import MAX_JSON_DEPTH, refuse_deep_json
 from bls.errors import InvalidRequest
 from bls.text.chat import validate_chat
 from openai_api.errors import ApiError, invalid, unsupported
-from openai_api.generation import Calls, Delta, End, Event, Sampling, ToolMode, bls_inputs, choice_events, merged
+from openai_api.generation import (
+    CallArguments, CallStart, Delta, End, Event, Sampling, ToolMode, bls_inputs, choice_events, merged,
+)
 from openai_api.metrics import ApiMetrics
 from openai_api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, field_of
 from openai_api.tools import call_id, forced_call_schema
@@ -121,7 +123,12 @@ def create_app(settings: Settings) -> FastAPI:
         max_tokens = body.output_limit() or settings.default_max_tokens
         sampling = _sampling(body, max_tokens, logprobs=body.logprobs, guide=_chat_guide(body))
         streams = [_choice(i, prompt, sampling, tools) for i in range(body.n)]
-        return await _respond(request, body, streams, _ChatShapes(body, settings.model_name))
+        try:
+            return await _respond(request, body, streams, _ChatShapes(body, settings.model_name))
+        except ApiError as error:
+            if tools is not None and tools.kind == "forced" and error.param == "response_format":
+                error.param = "tools"  # the grammar the engine refused is the tools' (a schema it cannot compile)
+            raise
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -384,10 +391,11 @@ class _ChatShapes(_Shapes):
             self.texts[event.index].append(event.text)
             if self.logprobs:
                 choice["logprobs"]["content"] += _chat_logprobs(event.logprobs)
-        elif isinstance(event, Calls):
-            choice["message"]["tool_calls"] = [
-                {"id": call_id(), "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
-                for c in event.calls]
+        elif isinstance(event, CallStart):
+            choice["message"].setdefault("tool_calls", []).append(
+                {"id": call_id(), "type": "function", "function": {"name": event.name, "arguments": ""}})
+        elif isinstance(event, CallArguments):
+            choice["message"]["tool_calls"][event.position]["function"]["arguments"] += event.text
         else:
             self.count(event, 0)
             choice["finish_reason"] = event.finish_reason
@@ -411,16 +419,14 @@ class _ChatShapes(_Shapes):
         if isinstance(event, Delta):
             logprobs = {"content": _chat_logprobs(event.logprobs)} if self.logprobs else None
             return [self._chunk(event.index, {"content": event.text}, logprobs=logprobs)]
-        if isinstance(event, Calls):
-            # Per call: its id, type and name once, then the arguments (openai-python concatenates fragments).
-            out = []
-            for position, call in enumerate(event.calls):
-                head = {"index": position, "id": call_id(), "type": "function",
-                        "function": {"name": call.name, "arguments": ""}}
-                out.append(self._chunk(event.index, {"tool_calls": [head]}))
-                out.append(self._chunk(event.index, {"tool_calls": [{"index": position,
-                                                                     "function": {"arguments": call.arguments}}]}))
-            return out
+        # Per call: its id, type and name once, then pieces of its arguments (openai-python concatenates them).
+        if isinstance(event, CallStart):
+            head = {"index": event.position, "id": call_id(), "type": "function",
+                    "function": {"name": event.name, "arguments": ""}}
+            return [self._chunk(event.index, {"tool_calls": [head]})]
+        if isinstance(event, CallArguments):
+            return [self._chunk(event.index, {"tool_calls": [{"index": event.position,
+                                                              "function": {"arguments": event.text}}]})]
         self.count(event, 0)
         return [self._chunk(event.index, {}, finish_reason=event.finish_reason)]
 

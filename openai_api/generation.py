@@ -17,7 +17,7 @@ import numpy as np
 
 from openai_api.metrics import ApiMetrics
 from openai_api.stops import StopStrings
-from openai_api.tools import ParsedCall, may_be_call, parse_calls
+from openai_api.tools import ForcedCallStream, may_be_call, parse_calls
 from openai_api.triton import TritonBls, scalar, text
 
 
@@ -54,9 +54,21 @@ class Delta:
 
 
 @dataclass
-class Calls:
+class CallStart:
+    """A tool call begins: its position among the choice's calls and its function's name."""
+
     index: int
-    calls: list[ParsedCall]
+    position: int
+    name: str
+
+
+@dataclass
+class CallArguments:
+    """More of a tool call's arguments (JSON text; the pieces of a call concatenate to its arguments)."""
+
+    index: int
+    position: int
+    text: str
 
 
 @dataclass
@@ -67,7 +79,7 @@ class End:
     completion_tokens: int
 
 
-Event = Delta | Calls | End
+Event = Delta | CallStart | CallArguments | End
 
 
 def bls_inputs(prompt: dict[str, np.ndarray], sampling: Sampling, choice: int) -> dict[str, np.ndarray]:
@@ -100,16 +112,18 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
                         tools: ToolMode | None, metrics: ApiMetrics, model: str, arrived: float,
                         ) -> AsyncIterator[Event]:
     """The events of one choice: text deltas (with their tokens' log probabilities), or the tool calls the text
-    turned out to be, then its End.
+    is, then its End.
 
     1. Each BLS response's text goes through the stop strings (held back while it may begin one).
-    2. Where the text may be a tool call (auto: it starts like one; forced: always), it is held to the end and
+    2. tool_choice required / named: the grammar makes the text a call; its name and arguments go out as they are
+       generated (ForcedCallStream). auto: text that may be a call (it starts like one) is held to the end and
        parsed there; text that cannot be a call goes out as it comes.
     3. A met stop string ends the text, not the request: the engine stops at the string's tokens, and its final
        response carries the token counts.
     """
     stop = StopStrings(stops)
-    holding = tools is not None
+    forced = ForcedCallStream() if tools is not None and tools.kind == "forced" else None
+    holding = tools is not None and forced is None
     held = ""
     held_logprobs: list[tuple[str, float]] = []
     last_text_at = None
@@ -128,21 +142,42 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
             if response.finish_reason is not None:
                 out += stop.finish()
             logprobs = _token_logprobs(response.text, response.log_probs)
-            if holding:
+            if forced is not None:
+                held_logprobs += logprobs
+                name, arguments = forced.push(out)
+                if name is not None:
+                    yield CallStart(index, 0, name)
+                if arguments:
+                    yield CallArguments(index, 0, arguments)
+            elif holding:
                 held += out
                 held_logprobs += logprobs
-                if tools.kind == "auto" and not may_be_call(held):
+                if not may_be_call(held):
                     holding = False
                     out, logprobs, held, held_logprobs = held, held_logprobs, "", []
-            if not holding and (out or logprobs):
+            if forced is None and not holding and (out or logprobs):
                 yield Delta(index, out, logprobs)
             if response.finish_reason is None:
                 continue
             reason = "stop" if stop.stopped else response.finish_reason
-            if holding:
+            if forced is not None:
+                if forced.name is None:  # cut short before the call's name: what there is, as text
+                    yield Delta(index, forced.text, held_logprobs)
+                else:
+                    rest = forced.finish()
+                    if rest:
+                        yield CallArguments(index, 0, rest)
+                    if held_logprobs:
+                        yield Delta(index, "", held_logprobs)
+                    reason = "tool_calls" if reason == "stop" else reason
+            elif holding:
                 calls = parse_calls(held, set(tools.names))
                 if calls:
-                    yield Calls(index, calls)
+                    for position, call in enumerate(calls):
+                        yield CallStart(index, position, call.name)
+                        yield CallArguments(index, position, call.arguments)
+                    if held_logprobs:
+                        yield Delta(index, "", held_logprobs)
                     reason = "tool_calls" if reason == "stop" else reason
                 elif held or held_logprobs:
                     yield Delta(index, held, held_logprobs)

@@ -10,6 +10,7 @@ The model is prompted (bls.text.chat.LLAMA31_TOOL_CHAT_TEMPLATE) to answer a cal
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -75,3 +76,57 @@ def parse_calls(text: str, tool_names: set[str]) -> list[ParsedCall] | None:
             return None
         position = len(body) - len(rest)
     return calls or None
+
+
+# The head of a forced call as the grammar writes it (the schema's properties in its order, name then parameters),
+# complete once the parameters' first character has come.
+_FORCED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"parameters"\s*:\s*(?=\S)')
+
+
+class ForcedCallStream:
+    """A forced call (tool_choice required / named) as it is generated: its name once the head
+    `{"name": "...", "parameters": ` is complete, then the parameters' JSON text as it grows.
+
+    The text after the head is the parameters' value and then the call's closing brace; what is passed on is the text
+    up to its last non-blank character, without a last "}" (which may be the call's own): so what went out is always
+    a beginning of the parameters' text, and the rest goes out at the end (`finish`).
+    """
+
+    def __init__(self) -> None:
+        self.text = ""
+        self.name: str | None = None
+        self._head_end = 0
+        self._sent = 0
+
+    def push(self, delta: str) -> tuple[str | None, str]:
+        """(the call's name when it has just become known, else None; new argument text)."""
+        self.text += delta
+        named = None
+        if self.name is None:
+            match = _FORCED_HEAD.match(self.text)
+            if match is None:
+                return None, ""
+            self.name = named = json.loads(match.group(1))
+            self._head_end = match.end()
+        arguments = self.text[self._head_end:].rstrip()
+        if arguments.endswith("}"):
+            arguments = arguments[:-1].rstrip()
+        return named, self._new(arguments)
+
+    def finish(self) -> str:
+        """The argument text not passed on yet, at the end of the generation: without the call's closing brace when
+        the call is complete; cut short (max_tokens), all that was generated."""
+        if self.name is None:
+            return ""
+        arguments = self.text[self._head_end:].rstrip()
+        try:
+            json.loads(self.text)
+        except json.JSONDecodeError:
+            return self._new(arguments)
+        return self._new(arguments[:-1].rstrip())
+
+    def _new(self, arguments: str) -> str:
+        if len(arguments) <= self._sent:
+            return ""
+        new, self._sent = arguments[self._sent:], len(arguments)
+        return new

@@ -174,6 +174,10 @@ def test_streamed_tool_calls_are_openai_deltas(client):
     assert deltas[0].id and deltas[0].type == "function" and deltas[0].function.name in SCHEMAS
     arguments = "".join(d.function.arguments or "" for d in deltas)
     jsonschema.validate(json.loads(arguments), SCHEMAS[deltas[0].function.name])
+    assert len([d for d in deltas if d.function.arguments]) > 1  # the arguments stream as they are generated
+    # The same call, not streamed: the same name and arguments.
+    (call,) = chat(client, tools=TOOLS, tool_choice="required", seed=3, max_tokens=48).choices[0].message.tool_calls
+    assert (call.function.name, call.function.arguments) == (deltas[0].function.name, arguments)
     # openai-python's own accumulation of the stream gives the call.
     with client.chat.completions.stream(model="llama3-test", messages=ASK, tools=TOOLS, tool_choice="required",
                                         seed=3, max_tokens=48) as stream:
@@ -264,6 +268,8 @@ def test_completions_of_several_prompts_and_choices(client):
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
                                                                                                "returns": 1}}]},
      400, "tools"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
+      "tool_choice": "required"}, 400, "tools"),
 ])
 def test_errors_name_the_field(client, kwargs, status, param):
     with pytest.raises(openai.APIStatusError) as caught:

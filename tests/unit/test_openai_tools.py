@@ -4,13 +4,14 @@ call's grammar, and the parser `tool_choice: "auto"` uses on realistic model out
 from __future__ import annotations
 
 import json
+import random
 
 import jsonschema
 import pytest
 
 from bls.errors import InvalidRequest
 from bls.text.chat import LLAMA31_TOOL_CHAT_TEMPLATE, parse_chat, validate_chat
-from openai_api.tools import ParsedCall, forced_call_schema, may_be_call, parse_calls
+from openai_api.tools import ForcedCallStream, ParsedCall, forced_call_schema, may_be_call, parse_calls
 
 # @huggingface/jinja's test of meta-llama/Llama-3.1-8B-Instruct's chat template (packages/jinja/test/templates.test.js,
 # "meta-llama/Llama-3.1-8B-Instruct"): its messages, tool and expected rendering, by an independent Jinja engine.
@@ -183,3 +184,35 @@ def test_auto_keeps_text_that_is_not_a_call(output):
 def test_text_is_held_only_while_it_may_become_a_call():
     assert may_be_call("") and may_be_call("  ") and may_be_call("{") and may_be_call("<|python")
     assert not may_be_call("The") and not may_be_call(" Sure {") and not may_be_call("<b>")
+
+
+# ---- tool_choice "required" / named: the call streamed as it is generated -----------------------------------------
+@pytest.mark.parametrize("output, name, arguments", [
+    ('{"name": "get_time", "parameters": {"tz": "UTC"}}', "get_time", '{"tz": "UTC"}'),
+    ('{ "name" : "get_weather" ,\n "parameters" : {"city": "Zürich}", "days": {"n": [1, 2]}} }\n', "get_weather",
+     '{"city": "Zürich}", "days": {"n": [1, 2]}}'),
+    ('{"name": "a\\"b", "parameters": {}}', 'a"b', "{}"),
+    # cut short by max_tokens: all that was generated
+    ('{"name": "get_time", "parameters": {"tz": "U', "get_time", '{"tz": "U'),
+    ('{"name": "get_time", "parameters": {"tz": {"a": 1}', "get_time", '{"tz": {"a": 1}'),
+    ('{"name": "get_time", "parameters": {"tz": "UTC"}', "get_time", '{"tz": "UTC"}'),
+])
+def test_forced_calls_stream_their_arguments_as_generated(output, name, arguments):
+    rng = random.Random(5)
+    for _ in range(40):
+        cuts = sorted(rng.sample(range(1, len(output)), rng.randint(0, min(12, len(output) - 1))))
+        stream = ForcedCallStream()
+        names, pieces = [], []
+        for a, b in zip([0, *cuts], [*cuts, len(output)]):
+            named, piece = stream.push(output[a:b])
+            names += [named] if named is not None else []
+            pieces.append(piece)
+            assert arguments.startswith("".join(pieces))  # what went out is never taken back
+        pieces.append(stream.finish())
+        assert names == [name] and "".join(pieces) == arguments
+
+
+def test_a_forced_call_cut_before_its_name_is_text():
+    stream = ForcedCallStream()
+    assert stream.push('{"name": "get_ti') == (None, "") and stream.finish() == ""
+    assert stream.name is None and stream.text == '{"name": "get_ti'
