@@ -101,7 +101,7 @@ API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve serve-only check-repo test rehearse bench soak dist clean distclean help
+.PHONY: setup repo serve serve-only check-repo test rehearse system-packages bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
@@ -166,10 +166,10 @@ check-repo:
 # in-process (bls/transports.py: what RELAY=off, a host without a C++ compiler and DECOUPLED=false build).
 IN_PROCESS_REPO ?= build/model_repository_in_process
 BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py tests/integration/test_bad_input.py \
-    tests/integration/test_conformance.py tests/integration/test_guided.py
+    tests/integration/test_conformance.py tests/integration/test_guided.py tests/integration/test_metrics.py
 # Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
 REHEARSAL ?= 1
-test: $(if $(SERVER_URL),$(TEST_SETUP),repo)
+test: $(if $(SERVER_URL),$(TEST_SETUP),repo system-packages)
 	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
 	$(MAKE) --no-print-directory repo RELAY=off REPO=$(IN_PROCESS_REPO)
@@ -181,8 +181,22 @@ endif
 
 # The README's container commands, as written, in a reproduction of the 26.07 image's layout on this machine
 # (tools/container_rehearsal.py: what it reproduces; docs/container.md: what it cannot). Runs the default repository.
-rehearse: repo
+rehearse: repo system-packages
 	$(PY) -m tools.container_rehearsal
+
+# Debian packages the tests run: promtool (prometheus: the alert and recording rules' unit tests, make
+# prometheus-check) and clang++ (clang: the rehearsal builds the relay with it, as the 26.07 image does). Installed
+# where missing, as root; elsewhere the command to run is named.
+SYSTEM_PACKAGES := prometheus:promtool clang:clang++
+system-packages:
+	@missing="$$(for entry in $(SYSTEM_PACKAGES); do command -v $${entry#*:} >/dev/null || echo $${entry%%:*}; done)"; \
+	if [ -n "$$missing" ]; then \
+	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	        echo "installing Debian's $$missing"; \
+	        export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q $$missing >/dev/null \
+	            || { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }; \
+	    else echo "the tests need: apt-get install $$missing (as root)"; exit 1; fi; \
+	fi
 
 # The container's test clients: a venv of the test extra over the container Python's site-packages, which it
 # shadows only inside it (testkit/client_venv.py says why it is not --system-site-packages).

@@ -123,17 +123,6 @@ def gpp_paths() -> list[str]:
     return sorted({os.path.realpath(found) for name in names if (found := shutil.which(name))})
 
 
-def ensure_clang() -> None:
-    if shutil.which("clang++"):
-        return
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        log("clang++ is not here: installing Debian's clang (the image's runtime stage has clang, not g++)")
-        subprocess.run(["apt-get", "install", "-y", "-q", "clang"], check=True, stdout=subprocess.DEVNULL,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
-        return
-    raise SystemExit("the rehearsal needs clang++ (apt-get install clang)")
-
-
 def namespace_script(wheel_site: Path, image_python: str) -> str:
     """Run inside `unshare --mount`: the image's filesystem, then the commands in a network namespace."""
     host_opt, venv, triton = STAGE / "host-opt", STAGE / "venv-tritonserver", STAGE / "opt-tritonserver"
@@ -179,7 +168,8 @@ def rehearse() -> int:
     repo = PROJECT / "build" / "model_repository"
     if not (repo / "ensemble").is_dir():
         raise SystemExit(f"{repo}: build the embedded repository first (`make repo`)")
-    ensure_clang()
+    if shutil.which("clang++") is None:
+        raise SystemExit("the rehearsal needs clang++, as the image has it (`make system-packages` installs clang)")
     image_python = shutil.which("python3", path="/usr/bin")
     if image_python is None:
         raise SystemExit("the rehearsal makes the image's venv from the distribution's /usr/bin/python3: not found")
