@@ -130,7 +130,6 @@ def namespace_script(wheel_site: Path, image_python: str) -> str:
     packages = " ".join(shlex.quote(p) for p in IMAGE_PACKAGES)
     return f"""set -euo pipefail
 mount --make-rprivate /
-mount -t tmpfs tmpfs /tmp  # the container's own /tmp: nothing it writes there reaches the host's
 # /opt: the host's entries, plus the image's two
 mount --rbind /opt {host_opt}
 mount -t tmpfs tmpfs /opt
@@ -153,7 +152,9 @@ fi
 {hide_gpp}
 # -v $PWD:/work and -v /models:/models
 mount --bind {STAGE / "models"} /models
-mount --bind {STAGE / "clone"} /work  # last: it hides this checkout, the source of every mount above
+# last, as they may hide this checkout, the source of every mount above: /work, and the container's own /tmp
+mount --bind {STAGE / "clone"} /work
+mount -t tmpfs tmpfs /tmp
 cd /work
 export PATH={IMAGE_PATH} HOME=/root
 # the test clients' venv, with the index (its first run needs one), by the Makefile's own rule
