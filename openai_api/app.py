@@ -210,7 +210,7 @@ def create_app(settings: Settings) -> FastAPI:
     return app
 
 
-# ---- requests ---------------------------------------------------------------------------------------------------------
+# ---- requests -------------------------------------------------------------------------------------------------------
 async def _parse(request: Request, model: type[BaseModel]):
     """The body as `model`: JSON nested at most MAX_JSON_DEPTH levels (as the Triton side), no NaN or infinities,
     every field known (a field this server does not take is a 400 naming it)."""
@@ -243,8 +243,10 @@ def _sampling(body, max_tokens: int, logprobs: bool, guide) -> Sampling:
     defaults = Sampling(max_tokens=max_tokens, stops=[])
     return Sampling(max_tokens=max_tokens, stops=body.stop_strings(),
                     temperature=defaults.temperature if body.temperature is None else body.temperature,
-                    top_p=defaults.top_p if body.top_p is None else body.top_p, seed=body.seed, presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
-                    logprobs=logprobs, guide=guide)
+                    top_p=defaults.top_p if body.top_p is None else body.top_p, seed=body.seed,
+                    presence_penalty=body.presence_penalty, frequency_penalty=body.frequency_penalty,
+                    logprobs=logprobs, guide=guide, top_k=body.top_k, min_tokens=body.min_tokens,
+                    ignore_eos=body.ignore_eos)
 
 
 def _chat_prompt(body: ChatCompletionRequest) -> tuple[dict, ToolMode | None]:
@@ -320,7 +322,7 @@ def _sse(chunk: dict) -> str:
     return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
 
-# ---- responses --------------------------------------------------------------------------------------------------------
+# ---- responses ------------------------------------------------------------------------------------------------------
 async def _collect(events: AsyncIterator[Event], shapes: "_Shapes") -> dict:
     async with aclosing(events):
         async for event in events:

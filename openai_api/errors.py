@@ -16,7 +16,8 @@ _TENSOR_NAMES = frozenset(spec.name for contract in (TENSORRT_LLM_BLS, PREPROCES
 # Tensor -> the OpenAI request field that set it (for `param`).
 _PARAM_OF_TENSOR = {"messages": "messages", "MESSAGES": "messages", "text_input": "prompt", "QUERY": "prompt",
                     "max_tokens": "max_tokens", "REQUEST_OUTPUT_LEN": "max_tokens",
-                    "request_output_len": "max_tokens", "input_ids": "messages", "input_lengths": "messages", "stop_words": "stop",
+                    "request_output_len": "max_tokens", "input_ids": "messages", "input_lengths": "messages",
+                    "stop_words": "stop",
                     "STOP_WORDS_DICT": "stop", "guided_decoding_guide": "response_format",
                     "guided_decoding_guide_type": "response_format", "temperature": "temperature", "top_p": "top_p",
                     "runtime_top_p": "top_p", "seed": "seed", "presence_penalty": "presence_penalty",

@@ -35,6 +35,9 @@ class Sampling:
     frequency_penalty: float | None = None
     logprobs: bool = False
     guide: tuple[str, str | None] | None = None  # (guided_decoding_guide_type, guide)
+    top_k: int | None = None
+    min_tokens: int | None = None
+    ignore_eos: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +99,12 @@ def bls_inputs(prompt: dict[str, np.ndarray], sampling: Sampling, choice: int) -
             inputs[name] = scalar(value, np.float32)
     seed = secrets.randbits(63) if sampling.seed is None else (sampling.seed + choice) % 2**64
     inputs["seed"] = scalar(seed, np.uint64)
+    if sampling.top_k is not None:
+        inputs["top_k"] = scalar(sampling.top_k, np.int32)
+    if sampling.min_tokens is not None:
+        inputs["min_tokens"] = scalar(sampling.min_tokens, np.int32)
+    if sampling.ignore_eos:
+        inputs["end_id"] = scalar(-1, np.int32)  # the engine's "no end id": no end-of-turn token stops it
     if sampling.stops:
         inputs["stop_words"] = np.array([[s.encode() for s in sampling.stops]], dtype=object)
     if sampling.logprobs:

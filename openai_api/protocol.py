@@ -62,6 +62,11 @@ class _Sampling(_Strict):
     stream_options: StreamOptions | None = None
     # An end-user id for abuse monitoring: logged with the response's id.
     user: str | None = None
+    # Extensions that vLLM's and TensorRT-LLM's OpenAI servers also take (benchmark clients send them): sampling's
+    # top_k, a least output length, and generation to max_tokens whatever the model's end of turn.
+    top_k: int | None = Field(default=None, ge=0)
+    min_tokens: int | None = Field(default=None, ge=0)
+    ignore_eos: bool = False
 
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])

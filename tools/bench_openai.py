@@ -7,9 +7,10 @@ client (the client the API itself uses), the API by a minimal HTTP/1.1 client re
 the clients cost about the same. Each stream is a chat request of STREAM_TOKENS tokens (the stand-in never ends
 a turn early) at temperature 0, with the sampling inputs the API sends (top_p 1, a seed) sent to the BLS too, so
 the engine does the same work for both: sampling at temperature 1 over the 128,256-token vocabulary costs the CPU
-stand-in ~3 ms a token, which would hide everything else. Unpaced (the stand-in as fast as the CPU lets it) the ratio of the API's tok/s to the BLS's is
-the API's cost; paced like a GPU (one token per stream every PACED_STEP_MS, starts spread over a stream's
-duration) the difference of the first-token p50s is the latency the API adds.
+stand-in ~3 ms a token, which would hide everything else. Unpaced (the stand-in as fast as the CPU lets it) the
+ratio of the API's tok/s to the BLS's is the API's cost; paced like a GPU (one token per stream every
+PACED_STEP_MS, starts spread over a stream's duration) the difference of the first-token p50s is the latency the
+API adds.
 """
 
 from __future__ import annotations

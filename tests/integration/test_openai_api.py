@@ -128,6 +128,16 @@ def test_n_choices_and_logprobs(client):
     assert [c.message.content for c in again.choices] == [c.message.content for c in reply.choices]
 
 
+def test_vllm_style_extensions(client, endpoint):
+    """top_k, min_tokens and ignore_eos, as vLLM's and trtllm-serve's OpenAI servers take them (benchmark clients
+    such as aiperf send ignore_eos)."""
+    reply = chat(client, max_tokens=12, temperature=0, extra_body={"ignore_eos": True, "min_tokens": 4, "top_k": 5})
+    assert reply.usage.completion_tokens == 12 and reply.choices[0].finish_reason == "length"
+    expected = generate(endpoint.http, "tensorrt_llm_bls", {"messages": json.dumps(ASK), "max_tokens": 12,
+                                                            "temperature": 0.0, "end_id": -1})
+    assert reply.choices[0].message.content == expected["text_output"]
+
+
 def test_stop_strings_end_the_text(client):
     free = chat(client, temperature=0, max_tokens=24, seed=1).choices[0].message.content
     stop = free[len(free) // 2: len(free) // 2 + 2]
