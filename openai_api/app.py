@@ -128,6 +128,8 @@ def create_app(settings: Settings) -> FastAPI:
         except ApiError as error:
             if tools is not None and tools.kind == "forced" and error.param == "response_format":
                 error.param = "tools"  # the grammar the engine refused is the tools' (a schema it cannot compile)
+            if body.output_limit() is None:
+                _explain_default_limit(error)
             raise
 
     @app.post("/v1/completions")
@@ -141,7 +143,12 @@ def create_app(settings: Settings) -> FastAPI:
                              logprobs=body.logprobs is not None, guide=None)
         streams = [_choice(p * body.n + i, {"text_input": text(prompt)}, sampling, None, seed_offset=i)
                    for p, prompt in enumerate(prompts) for i in range(body.n)]
-        return await _respond(request, body, streams, _CompletionShapes(body, settings.model_name, prompts))
+        try:
+            return await _respond(request, body, streams, _CompletionShapes(body, settings.model_name, prompts))
+        except ApiError as error:
+            if "max_tokens" not in body.model_fields_set:
+                _explain_default_limit(error)
+            raise
 
     def _choice(index: int, prompt: dict, sampling: Sampling, tools: ToolMode | None, seed_offset: int | None = None):
         inputs = bls_inputs(prompt, sampling, index if seed_offset is None else seed_offset)
@@ -190,6 +197,12 @@ def create_app(settings: Settings) -> FastAPI:
 
         return StreamingResponse(sse(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+    def _explain_default_limit(error: ApiError) -> None:
+        """A refused output limit the client never set is the server's default: say so, and what to do."""
+        if error.param == "max_tokens":
+            error.message += (f" (the request set no max_tokens: the server's default is {settings.default_max_tokens};"
+                              " send a smaller max_tokens)")
 
     async def _until_disconnected(request: Request, work):
         """A non-streamed response's work, cancelled (and with it its BLS requests) when the client leaves."""

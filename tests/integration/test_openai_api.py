@@ -292,6 +292,16 @@ def test_errors_name_the_field(client, kwargs, status, param):
     assert chat(client, max_tokens=2).choices[0].finish_reason == "length"  # the server serves on
 
 
+def test_a_refused_default_limit_says_so(endpoint, tmp_path):
+    """An output limit the client never set that the engine refuses: the 400 says it was the server's default."""
+    with openai_api(endpoint.grpc, tmp_path / "api.log", "--model-name", "llama3-test",
+                    "--default-max-tokens", "4090") as api:
+        client = openai.OpenAI(base_url=api.v1, api_key="unused", max_retries=0)
+        with pytest.raises(openai.BadRequestError) as caught:
+            client.chat.completions.create(model="llama3-test", messages=ASK)
+    assert caught.value.body["param"] == "max_tokens" and "server's default is 4090" in caught.value.body["message"]
+
+
 @pytest.mark.parametrize("stream", [True, False], ids=["streamed", "not-streamed"])
 def test_client_disconnect_stops_the_engine(api, endpoint, stream):
     if endpoint.model_config("tensorrt_llm").get("backend") != "python":
