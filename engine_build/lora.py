@@ -347,20 +347,3 @@ def repository_problems(manifest: dict, engine_backend: str, engine_params: dict
             problems.append(f"{where}: modules {sorted(modules - built)} are not in the engine's lora_target_modules "
                             f"{sorted(built)}")
     return problems
-
-
-
-def repository_layout(repo: Path) -> tuple[LoraLayout, dict[int, str]]:
-    """What a built repository's engine takes (its dims, the modules and largest rank it was built for) and the task
-    ids its own adapters hold: the layout an adapter added to the running deployment must fit."""
-    from engine_build.repository import CHECKPOINT_DIR, TARGET_MODEL, read_manifest
-
-    manifest = read_manifest(Path(repo))
-    adapters = manifest.get("lora_adapters") or []
-    if not adapters:
-        raise AdapterError(f"{repo} was built without LORA_DIR: its engine takes no LoRA (rebuild it with one)")
-    version_dir = Path(repo) / TARGET_MODEL / "1"
-    base = version_dir / CHECKPOINT_DIR if (version_dir / CHECKPOINT_DIR).is_dir() else version_dir
-    modules = complete_modules({module for adapter in adapters for module in adapter["target_modules"]})
-    layout = LoraLayout.from_config(base_llama_config(base), modules, int(manifest["max_lora_rank"]))
-    return layout, {adapter["task_id"]: adapter["name"] for adapter in adapters}

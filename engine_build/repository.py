@@ -589,3 +589,20 @@ def read_manifest(repo: Path) -> dict:
     if not path.is_file():
         raise RepositoryError(f"{repo} has no {MANIFEST}: build it with `make repo`")
     return json.loads(path.read_text())
+
+
+def repository_layout(repo: Path) -> tuple["LoraLayout", dict[int, str]]:
+    """What a built repository's engine takes (its dims, the modules and largest rank it was built for) and the task
+    ids its own adapters hold: the layout an adapter added to the running deployment must fit."""
+    from embedded_engine.lora import LoraLayout
+    from engine_build.lora import AdapterError, base_llama_config
+
+    manifest = read_manifest(Path(repo))
+    adapters = manifest.get("lora_adapters") or []
+    if not adapters:
+        raise AdapterError(f"{repo} was built without LORA_DIR: its engine takes no LoRA (rebuild it with one)")
+    version_dir = Path(repo) / TARGET_MODEL / "1"
+    base = version_dir / CHECKPOINT_DIR if (version_dir / CHECKPOINT_DIR).is_dir() else version_dir
+    modules = complete_modules({module for adapter in adapters for module in adapter["target_modules"]})
+    layout = LoraLayout.from_config(base_llama_config(base), modules, int(manifest["max_lora_rank"]))
+    return layout, {adapter["task_id"]: adapter["name"] for adapter in adapters}
