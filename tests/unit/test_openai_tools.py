@@ -55,14 +55,16 @@ HISTORY = [
 def test_the_tool_template_is_llama_3_1s(bundle):
     """The template renders the official example exactly as @huggingface/jinja renders Llama 3.1's own template."""
     rendered = bundle.tokenizer.apply_chat_template(HF_JS_MESSAGES, tools=[HF_JS_TOOL], tokenize=False,
-                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE, add_generation_prompt=True)
+                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE,
+                                                    add_generation_prompt=True)
     assert rendered == HF_JS_TARGET
 
 
 def test_a_conversation_with_tools_is_rendered_by_the_tool_template(bundle):
     chat = validate_chat({"messages": HF_JS_MESSAGES, "tools": [WEATHER, TIME]}, "messages")
     expected = bundle.tokenizer.apply_chat_template(HF_JS_MESSAGES, tools=[WEATHER, TIME], tokenize=True,
-                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE, add_generation_prompt=True)
+                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE,
+                                                    add_generation_prompt=True)
     assert bundle.encode_chat(chat) == expected
     assert "Environment: ipython" in bundle.render_chat(chat)
 
@@ -75,7 +77,8 @@ def test_tool_history_renders_as_the_template_says(bundle):
     as_hf[2] = {"role": "assistant", "tool_calls": [{"type": "function", "function": {
         "name": "get_weather", "arguments": {"city": "Paris", "days": 2}}}]}
     expected = bundle.tokenizer.apply_chat_template(as_hf, tools=[WEATHER], tokenize=True,
-                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE, add_generation_prompt=True)
+                                                    chat_template=LLAMA31_TOOL_CHAT_TEMPLATE,
+                                                    add_generation_prompt=True)
     assert bundle.encode_chat(chat) == expected
     text = bundle.render_chat(chat)
     assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "get_weather", "parameters": {"city": "Paris", '
@@ -155,7 +158,8 @@ NAMES = {"get_weather", "get_time"}
     ('{"name": "get_weather", "parameters": {"city": "Paris", "days": 2}}',
      [ParsedCall("get_weather", '{"city": "Paris", "days": 2}')]),
     ('<|python_tag|>{"name": "get_time", "parameters": {"tz": "UTC"}}', [ParsedCall("get_time", '{"tz": "UTC"}')]),
-    ('\n {"type": "function", "name": "get_time", "arguments": {"tz": "CET"}}  ', [ParsedCall("get_time", '{"tz": "CET"}')]),
+    ('\n {"type": "function", "name": "get_time", "arguments": {"tz": "CET"}}  ',
+     [ParsedCall("get_time", '{"tz": "CET"}')]),
     ('{"name": "get_time", "parameters": {"tz": "UTC"}}; {"name": "get_weather", "parameters": {"city": "Oslo"}}',
      [ParsedCall("get_time", '{"tz": "UTC"}'), ParsedCall("get_weather", '{"city": "Oslo"}')]),
     ('{"name": "get_weather", "parameters": {"city": "Zürich"}}', [ParsedCall("get_weather", '{"city": "Zürich"}')]),
