@@ -31,9 +31,11 @@ def model_name_of(repo: Path | None) -> str:
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:
-    """One key per line (blank lines and # comments skipped). The file must not be readable by others."""
+    """One key per line (blank lines and # comments skipped). A file others may read is used with a warning: a
+    Kubernetes Secret volume's files are 0644 unless its defaultMode says otherwise (`make serve` writes 0600)."""
     if path.stat().st_mode & 0o077:
-        sys.exit(f"--api-key-file {path}: readable by group or others; chmod 600 it")
+        logging.getLogger("openai_api").warning("--api-key-file %s is readable by group or others: chmod 600 it "
+                                                "(Kubernetes: the Secret volume's defaultMode 0400)", path)
     keys = tuple(line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
     if not keys:
         sys.exit(f"--api-key-file {path}: holds no key")
