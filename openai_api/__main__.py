@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -14,20 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from openai_api.app import Settings, create_app
-
-
-def model_name_of(repo: Path | None) -> str:
-    """The served checkpoint's directory name: repository.json's tokenizer_dir (a real model's Hugging Face
-    checkpoint, e.g. Meta-Llama-3-8B-Instruct), or for the default assets (build/assets/tokenizer, generated) the
-    embedded engine's checkpoint (tiny-target-awq); "llama3" without a repository."""
-    if repo is not None and (repo / "repository.json").is_file():
-        manifest = json.loads((repo / "repository.json").read_text())
-        tokenizer = Path(manifest.get("tokenizer_dir") or "")
-        if tokenizer.parent.name == "assets" and manifest.get("target"):
-            return Path(manifest["target"]).name
-        if tokenizer.name:
-            return tokenizer.name
-    return "llama3"
+from openai_api.models import adapter_names, base_model_name, repository_manifest
 
 
 def read_api_keys(path: Path) -> tuple[str, ...]:
@@ -48,7 +34,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     parser.add_argument("--port", type=int, default=9000)
     parser.add_argument("--model-name", help="the model id clients send (default: from --repo's checkpoint)")
-    parser.add_argument("--repo", type=Path, help="the served model repository (for the model's name)")
+    parser.add_argument("--repo", type=Path,
+                        help="the served model repository (for the model's name and its LoRA adapters' names)")
     parser.add_argument("--api-key-file", type=Path, help="file of accepted API keys, one a line (default: none)")
     parser.add_argument("--max-body-bytes", type=int, default=8 * 1024 * 1024)
     parser.add_argument("--default-max-tokens", type=int, default=1024,
@@ -57,15 +44,21 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    manifest = repository_manifest(args.repo)
     settings = Settings(
         triton_grpc=args.triton_grpc,
-        model_name=args.model_name or model_name_of(args.repo),
+        model_name=args.model_name or base_model_name(manifest),
+        adapters=adapter_names(manifest),
         api_keys=read_api_keys(args.api_key_file) if args.api_key_file else (),
         max_body_bytes=args.max_body_bytes,
         default_max_tokens=args.default_max_tokens,
         created=int(time.time()),
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level=args.log_level.lower(),
+    try:
+        app = create_app(settings)
+    except ValueError as error:  # a served model id that is ambiguous
+        sys.exit(f"python -m openai_api: {error}")
+    uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower(),
                 timeout_graceful_shutdown=5)
 
 

@@ -30,6 +30,7 @@ from openai_api.generation import (
     CallArguments, CallStart, Delta, End, Event, Sampling, ToolMode, bls_inputs, choice_events, merged,
 )
 from openai_api.metrics import ApiMetrics
+from openai_api.models import ServedModels
 from openai_api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, field_of
 from openai_api.tools import call_id, forced_call_schema
 from openai_api.triton import TritonBls, text
@@ -40,7 +41,8 @@ log = logging.getLogger("openai_api")
 @dataclass(frozen=True)
 class Settings:
     triton_grpc: str  # host:port of tritonserver's gRPC endpoint
-    model_name: str  # the id clients send as `model` and /v1/models lists
+    model_name: str  # the base model's id: clients send it as `model`; /v1/models lists it
+    adapters: tuple[str, ...] = ()  # the repository's LoRA adapters: ids a request's `model` may name instead
     api_keys: tuple[str, ...] = ()  # none: no authentication
     max_body_bytes: int = 8 * 1024 * 1024
     default_max_tokens: int = 1024  # a request that sets no limit; finish_reason "length" says it was reached
@@ -49,12 +51,14 @@ class Settings:
 
 def create_app(settings: Settings) -> FastAPI:
     metrics = ApiMetrics()
+    served = ServedModels(settings.model_name, settings.adapters, settings.created)
     state: dict[str, TritonBls] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state["bls"] = TritonBls(settings.triton_grpc)
-        log.info("serving %r from tensorrt_llm_bls at %s", settings.model_name, settings.triton_grpc)
+        log.info("serving %r (LoRA adapters: %s) from tensorrt_llm_bls at %s", settings.model_name,
+                 ", ".join(settings.adapters) or "none", settings.triton_grpc)
         yield
         await state["bls"].close()
 
@@ -84,11 +88,6 @@ def create_app(settings: Settings) -> FastAPI:
             raise ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
                            code="invalid_api_key")
 
-    def check_model(model: str) -> None:
-        if model != settings.model_name:
-            raise ApiError(404, f"model {model!r} does not exist; this server serves {settings.model_name!r}",
-                           param="model", code="model_not_found")
-
     @app.get("/health/ready")
     async def ready():
         if await state["bls"].ready():
@@ -99,32 +98,29 @@ def create_app(settings: Settings) -> FastAPI:
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    def model_card() -> dict:
-        return {"id": settings.model_name, "object": "model", "created": settings.created, "owned_by": "llama3-triton"}
-
     @app.get("/v1/models")
     async def models(request: Request):
         authorize(request)
-        return {"object": "list", "data": [model_card()]}
+        return {"object": "list", "data": served.cards()}
 
     @app.get("/v1/models/{model:path}")
     async def model(request: Request, model: str):
         authorize(request)
-        check_model(model)
-        return model_card()
+        return served.card(model)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         authorize(request)
         body = await _parse(request, ChatCompletionRequest)
-        check_model(body.model)
+        adapter = served.bls_inputs(body.model)
         body.check_supported()
         prompt, tools = _chat_prompt(body)
+        prompt.update(adapter)
         max_tokens = body.output_limit() or settings.default_max_tokens
         sampling = _sampling(body, max_tokens, logprobs=body.logprobs, guide=_chat_guide(body))
         streams = [_choice(i, prompt, sampling, tools) for i in range(body.n)]
         try:
-            return await _respond(request, body, streams, _ChatShapes(body, settings.model_name))
+            return await _respond(request, body, streams, _ChatShapes(body, body.model))
         except ApiError as error:
             if tools is not None and tools.kind == "forced" and error.param == "response_format":
                 error.param = "tools"  # the grammar the engine refused is the tools' (a schema it cannot compile)
@@ -136,15 +132,15 @@ def create_app(settings: Settings) -> FastAPI:
     async def completions(request: Request):
         authorize(request)
         body = await _parse(request, CompletionRequest)
-        check_model(body.model)
+        adapter = served.bls_inputs(body.model)
         body.check_supported()
         prompts = body.prompts()
         sampling = _sampling(body, body.max_tokens or settings.default_max_tokens,
                              logprobs=body.logprobs is not None, guide=None)
-        streams = [_choice(p * body.n + i, {"text_input": text(prompt)}, sampling, None, seed_offset=i)
+        streams = [_choice(p * body.n + i, {"text_input": text(prompt), **adapter}, sampling, None, seed_offset=i)
                    for p, prompt in enumerate(prompts) for i in range(body.n)]
         try:
-            return await _respond(request, body, streams, _CompletionShapes(body, settings.model_name, prompts))
+            return await _respond(request, body, streams, _CompletionShapes(body, body.model, prompts))
         except ApiError as error:
             if "max_tokens" not in body.model_fields_set:
                 _explain_default_limit(error)

@@ -21,7 +21,7 @@ _PARAM_OF_TENSOR = {"messages": "messages", "MESSAGES": "messages", "text_input"
                     "STOP_WORDS_DICT": "stop", "guided_decoding_guide": "response_format",
                     "guided_decoding_guide_type": "response_format", "temperature": "temperature", "top_p": "top_p",
                     "runtime_top_p": "top_p", "seed": "seed", "presence_penalty": "presence_penalty",
-                    "frequency_penalty": "frequency_penalty"}
+                    "frequency_penalty": "frequency_penalty", "lora_name": "model", "LORA_NAME": "model"}
 
 
 class ApiError(Exception):
