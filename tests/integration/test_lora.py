@@ -2,7 +2,8 @@
 on the tiny target's served weights) and a draft. The engine's greedy output with an adapter equals peft's generate()
 on the same weights; adapters are chosen by name (lora_name) on the ensemble and the BLS, or with NVIDIA's raw
 lora_task_id / lora_weights / lora_config; unknown names and ids are refused naming them; concurrent streams with
-different adapters each keep their own; speculative and guided decoding work with an adapter.
+different adapters each keep their own; speculative and guided decoding work with an adapter. The OpenAI-compatible API
+in front of it (--repo) serves each adapter as a model, by name.
 """
 
 from __future__ import annotations
@@ -12,12 +13,14 @@ import json
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import openai
 import pytest
 
 from engine_build.lora import convert_peft_adapter
 from embedded_engine.lora import LoraLayout
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
+from testkit.openai_api import openai_api
 from tests.integration.conftest import ASSETS, built_repository_server
 
 ENGINE, ENSEMBLE, BLS = "tensorrt_llm", "ensemble", "tensorrt_llm_bls"
@@ -182,3 +185,49 @@ def test_guided_decoding_with_an_adapter(server):
     else:  # cut short by max_tokens: a prefix of a valid document
         assert result["finish_reason"] == "length" and result["text_output"].startswith("{")
     assert result["text_output"] != generate(server.http_url, BLS, {**body, "lora_name": "alpha"})["text_output"]
+
+
+# ---- the OpenAI-compatible API: adapters as models ------------------------------------------------------------------
+ASK = [{"role": "user", "content": PROMPT}]
+
+
+@pytest.fixture(scope="module")
+def api_client(server, tmp_path_factory):
+    """`python -m openai_api --repo <this repository>` in front of this server, and the official client of it."""
+    log = tmp_path_factory.mktemp("openai_api") / "openai_api.log"
+    with openai_api(server.grpc_url, log, "--repo", str(server.repo)) as api:
+        yield openai.OpenAI(base_url=api.v1, api_key="unused", max_retries=0, timeout=120)
+        assert "Traceback" not in log.read_text(), log.read_text()
+
+
+def test_the_openai_api_serves_each_adapter_as_a_model(api_client, server, task_ids):
+    models = api_client.models.list().data
+    base = models[0].id
+    assert [(m.id, m.parent) for m in models] == [(base, None)] + [(name, base) for name in task_ids]
+    assert api_client.models.retrieve("beta").parent == base
+    # ignore_eos (end_id -1): 16 tokens each, so the texts compared are never cut short by the random model's end of turn
+    chat_texts = {}
+    for name in (None, *task_ids):
+        selects = {"lora_name": name} if name else {}
+        expected = generate(server.http_url, BLS, {"messages": json.dumps(ASK), "max_tokens": 16, "end_id": -1,
+                                                   "temperature": 0.0, **selects})["text_output"]
+        reply = api_client.chat.completions.create(model=name or base, messages=ASK, max_tokens=16, temperature=0,
+                                                   extra_body={"ignore_eos": True})
+        assert (reply.model, reply.choices[0].message.content) == (name or base, expected), name
+        chat_texts[name] = expected
+    assert chat_texts["alpha"] != chat_texts[None] and chat_texts["beta"] != chat_texts[None]
+    streamed = api_client.chat.completions.create(model="beta", messages=ASK, max_tokens=16, temperature=0,
+                                                  stream=True, extra_body={"ignore_eos": True})
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == chat_texts["beta"]
+    completion = api_client.completions.create(model="alpha", prompt=PROMPT, max_tokens=16, temperature=0,
+                                               extra_body={"ignore_eos": True})
+    assert completion.choices[0].text == generate(server.http_url, BLS, {**TEXT, "lora_name": "alpha"})["text_output"]
+
+
+def test_the_openai_api_refuses_an_unknown_model_naming_it(api_client):
+    for create in (lambda: api_client.chat.completions.create(model="gamma", messages=ASK, max_tokens=4),
+                   lambda: api_client.completions.create(model="gamma", prompt=PROMPT, max_tokens=4, stream=True),
+                   lambda: api_client.models.retrieve("gamma")):
+        with pytest.raises(openai.NotFoundError) as caught:
+            create()
+        assert "'gamma' does not exist" in caught.value.message and "'alpha', 'beta'" in caught.value.message
