@@ -277,4 +277,15 @@ k8s: setup
 prometheus-check: repo
 	$(PY) tools/prometheus_check.py --repo $(REPO)
 
-.PHONY: k8s prometheus-check
+# make api-image: the OpenAI API's image (deploy/api.Dockerfile), the Deployment's `api.image`. Where docker cannot
+# build (no docker, no daemon) it prints the command to run elsewhere and succeeds.
+API_IMAGE ?= llama3-triton-openai-api:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+API_IMAGE_BUILD := docker build -f deploy/api.Dockerfile -t $(API_IMAGE) .
+api-image:
+	@if docker info >/dev/null 2>&1; then \
+	    echo "$(API_IMAGE_BUILD)"; DOCKER_BUILDKIT=1 $(API_IMAGE_BUILD) \
+	    && echo "built $(API_IMAGE): docker push it, then set api.image (deploy/values.yaml) to it"; \
+	else echo "make api-image: no usable docker daemon here; run on a machine with one, from this directory:"; \
+	    echo "  DOCKER_BUILDKIT=1 $(API_IMAGE_BUILD) && docker push $(API_IMAGE)"; fi
+
+.PHONY: k8s prometheus-check api-image

@@ -45,6 +45,8 @@ DASHBOARD = DEPLOY / "grafana" / "llama3-triton.json"
 # the manifests target: what they use (autoscaling/v2, policy/v1, appProtocol, sizeLimit) is older still.
 KUBERNETES_VERSION = "1.30.0"
 API_KEY_FILE = "/etc/llama3-api/api-key"
+# How the API image (deploy/api.Dockerfile, its ENTRYPOINT) runs the API; the sidecar's command starts with it.
+API_ENTRYPOINT = ("python3", "-m", "openai_api")
 DEFAULT_SERVE_PATH = "/models/model_repository"  # the embedded engine's repository opens nothing by absolute path
 
 
@@ -141,7 +143,7 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
     limits = dict(v["triton"]["resources"].get("limits", {}))
     if facts.engine == "trtllm":  # one GPU per rank; a GPU is requested by its limit
         limits["nvidia.com/gpu"] = facts.world_size
-    api_command = ["python3", "-m", "openai_api", "--triton-grpc", f"localhost:{ports.grpc}", "--host", "0.0.0.0",
+    api_command = [*API_ENTRYPOINT, "--triton-grpc", f"localhost:{ports.grpc}", "--host", "0.0.0.0",
                    "--port", str(v["api"]["port"]), "--model-name", v["api"]["modelName"], "--repo", facts.serve_path]
     if v["api"]["apiKeySecret"]:
         api_command += ["--api-key-file", API_KEY_FILE]
