@@ -204,8 +204,11 @@ $(TEST_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m testkit.client_venv $(TEST_VENV)
 	touch $@
 
-bench: repo
-	$(PY) -m tools.bench --repo $(REPO)
+# Section "aiperf" runs NVIDIA's AIPerf from its own venv (the rule is with the other load tools' below); set
+# before the rule, which expands it when make reads it.
+AIPERF_VENV ?= build/venv-aiperf
+bench: repo $(AIPERF_VENV)/.installed
+	$(PY) -m tools.bench --repo $(REPO) --aiperf-venv $(AIPERF_VENV)
 
 soak: repo
 	$(PY) -m tools.soak --repo $(REPO) $(if $(DURATION),--duration $(DURATION)) $(if $(CONCURRENCY),--concurrency $(CONCURRENCY))
@@ -245,6 +248,13 @@ $(PERF_VENV)/.installed:
 $(GENAI_PERF_VENV)/.installed:
 	$(PYTHON) -m venv $(GENAI_PERF_VENV)
 	$(GENAI_PERF_VENV)/bin/pip install -q "genai-perf==0.0.16"
+	touch $@
+
+# NVIDIA's AIPerf (genai-perf's successor) for `make bench`'s section "aiperf": ~1.2 GB of dependencies (its own
+# transformers, pyarrow, pandas, scipy, aiohttp, pydantic...) that must not touch the project's venv.
+$(AIPERF_VENV)/.installed:
+	$(PYTHON) -m venv $(AIPERF_VENV)
+	$(AIPERF_VENV)/bin/pip install -q "aiperf==0.13.0"
 	touch $@
 
 perf-analyzer: setup $(PERF_VENV)/.installed

@@ -15,6 +15,8 @@ Sections (each runnable alone with --only):
                streams, and the first-token latency it adds with the engine paced like a GPU (synthetic engine)
   metrics      what the request metrics and the engine's nv_trt_llm gauges cost per generated token (a bench model)
   lora         LoRA adapters on the embedded engine: a batch with mixed adapters against one without (in-process)
+  aiperf       NVIDIA's AIPerf, unchanged, against the OpenAI-compatible API beside the section's own client, same
+               load (synthetic engine paced like a GPU; AIPerf from its own venv, --aiperf-venv)
 
 Tables go to stdout; the same rows go to <out>/results.json (a run of some sections updates only those).
 Speed goals are measured here and never asserted in tests. --quick shortens every section for development:
@@ -39,8 +41,8 @@ from typing import Callable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from tools import (  # noqa: E402
-    bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai, bench_pipeline,
-    bench_speculative, bench_streaming,
+    bench_aiperf, bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai,
+    bench_pipeline, bench_speculative, bench_streaming,
 )
 from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
 
@@ -65,6 +67,8 @@ SECTIONS = (
     Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)", bench_openai.run),
     Section("metrics", "9. metrics: cost per generated token (bench model, production classes)", bench_metrics.run),
     Section("lora", "10. LoRA adapters: mixed-adapter batch vs none (embedded engine, in-process)", bench_lora.run),
+    Section("aiperf", "11. NVIDIA's AIPerf vs the section's own client through the OpenAI-compatible API (synthetic "
+            "engine paced like a GPU)", bench_aiperf.run),
 )
 
 
@@ -126,13 +130,16 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: concurrencies of the runs with the engine paced like a GPU, comma-"
                              "separated (default 16,64,256: 256 streams are 6,400 tok/s at 40 ms a step, more than a "
                              "2-core host carries through the ensemble)")
+    parser.add_argument("--aiperf-venv", type=Path, default=Path("build/venv-aiperf"),
+                        help="section aiperf: the venv holding NVIDIA's AIPerf (`make bench` makes it)")
     args = parser.parse_args(argv)
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
 
     ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick,
                        engine_instances=args.engine_instances, bls_instances=args.bls_instances,
-                       engine_step_ms=args.engine_step_ms, paced_streams=args.paced_streams)
+                       engine_step_ms=args.engine_step_ms, paced_streams=args.paced_streams,
+                       aiperf_venv=args.aiperf_venv)
     results: dict[str, dict] = {}
     failed = []
     try:

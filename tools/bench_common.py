@@ -84,6 +84,7 @@ class BenchContext:
     bls_instances: int | None = None  # None: the repository's default
     engine_step_ms: float = 0.0  # section "streaming", throughput runs: the synthetic engine's least step time
     paced_streams: tuple[int, ...] = (16, 64, 256)  # section "streaming": concurrencies of the runs paced like a GPU
+    aiperf_venv: Path = Path("build/venv-aiperf")  # section "aiperf": NVIDIA's AIPerf, in a venv of its own
     _server: TritonServer | None = None
 
     @property

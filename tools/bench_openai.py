@@ -100,10 +100,13 @@ async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
     return trace
 
 
-async def _api_stream(host: str, port: int) -> Trace:
-    body = json.dumps({"model": "bench", "messages": MESSAGES, "max_tokens": STREAM_TOKENS, "stream": True,
-                       "temperature": 0, "seed": 7,
-                       "stream_options": {"include_usage": True}}).encode()
+CHAT_BODY = json.dumps({"model": "bench", "messages": MESSAGES, "max_tokens": STREAM_TOKENS, "stream": True,
+                        "temperature": 0, "seed": 7, "stream_options": {"include_usage": True}}).encode()
+
+
+async def api_stream(host: str, port: int, body: bytes = CHAT_BODY) -> Trace:
+    """One streamed chat request (`body` must ask for `stream_options.include_usage`: the usage chunk gives the
+    token count)."""
     trace = Trace(time.perf_counter())
     reader, writer = await asyncio.open_connection(host, port)
     try:
@@ -147,11 +150,11 @@ def _measure(grpc_url: str, api_port: int, clients: int, rounds: int, stagger_s:
         client = grpcclient.InferenceServerClient(grpc_url)
         try:
             await _bls_stream(client)  # warm-up
-            await _api_stream("127.0.0.1", api_port)
+            await api_stream("127.0.0.1", api_port)
             runs: dict[str, list[Load]] = {"bls": [], "api": []}
             for _ in range(repeats):
                 runs["bls"].append(await _load(lambda: _bls_stream(client), clients, rounds, stagger_s))
-                runs["api"].append(await _load(lambda: _api_stream("127.0.0.1", api_port), clients, rounds, stagger_s))
+                runs["api"].append(await _load(lambda: api_stream("127.0.0.1", api_port), clients, rounds, stagger_s))
             return runs
         finally:
             await client.close()
