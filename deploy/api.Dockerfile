@@ -20,8 +20,8 @@ COPY bls/ bls/
 COPY openai_api/ openai_api/
 ENV PYTHONPATH=/opt/llama3-triton
 
-# Not root: the API needs no privilege (port 9000, a read-only repository, a key file the Secret volume makes
-# readable to all, or to this uid with fsGroup).
+# Not root: the API needs no privilege (port 9000, a read-only repository, the key file of a Secret volume, which is
+# root's and 0644 unless the volume's defaultMode says otherwise: this uid reads it as "others").
 RUN useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin api
 USER 10001
 EXPOSE 9000
