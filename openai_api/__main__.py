@@ -21,7 +21,9 @@ def read_api_keys(path: Path) -> tuple[str, ...]:
     Kubernetes Secret volume's files are 0644 unless its defaultMode says otherwise (`make serve` writes 0600)."""
     if path.stat().st_mode & 0o077:
         logging.getLogger("openai_api").warning("--api-key-file %s is readable by group or others: chmod 600 it "
-                                                "(Kubernetes: the Secret volume's defaultMode 0400)", path)
+                                                "(a Kubernetes Secret volume is private to its pod: there this is "
+                                                "expected, deploy/ keeps the default mode so that the API's non-root "
+                                                "user can read it)", path)
     keys = tuple(line.strip() for line in path.read_text().splitlines() if line.strip() and not line.startswith("#"))
     if not keys:
         sys.exit(f"--api-key-file {path}: holds no key")
