@@ -48,10 +48,10 @@ NO_ERRORS = Target("==", 0)
 class ClientFigures:
     requests: int  # completed with OSL tokens
     errors: int
-    ttft_ms_p50: float
-    ttft_ms_p99: float
-    itl_ms_p50: float
-    output_tokens_per_s: float
+    ttft_ms_p50: float | None  # None: no request completed
+    ttft_ms_p99: float | None
+    itl_ms_p50: float | None
+    output_tokens_per_s: float | None
 
 
 def _prompt(tokenizer_dir: Path) -> str:
@@ -93,7 +93,7 @@ def own_client(port: int, prompt: str, requests: int) -> ClientFigures:
 
     traces, errors, wall_s = asyncio.run(main())
     if not traces:
-        return ClientFigures(0, errors, float("nan"), float("nan"), float("nan"), 0.0)
+        return ClientFigures(0, errors, None, None, None, None)
     ttft = [(t.first - t.sent) * 1000 for t in traces]
     itl = [(t.end - t.first) * 1000 / (t.tokens - 1) for t in traces]
     return ClientFigures(len(traces), errors, percentile(ttft, 50), percentile(ttft, 99), percentile(itl, 50),
@@ -123,13 +123,14 @@ def run_aiperf(aiperf: Path, api_url: str, tokenizer_dir: Path, requests: int, a
 
 
 def aiperf_figures(export: dict) -> ClientFigures:
-    """From AIPerf's export: `error_request_count` is present only when a request failed."""
-    errors = int(export.get("error_request_count", {}).get("avg", 0))
+    """From AIPerf's export, where a metric with no value is absent (`error_request_count` when none failed)."""
+    def stat(metric: str, key: str) -> float | None:
+        return export.get(metric, {}).get(key)
+
     return ClientFigures(
-        requests=int(export["request_count"]["avg"]), errors=errors,
-        ttft_ms_p50=export["time_to_first_token"]["p50"], ttft_ms_p99=export["time_to_first_token"]["p99"],
-        itl_ms_p50=export["inter_token_latency"]["p50"],
-        output_tokens_per_s=export["output_token_throughput"]["avg"])
+        requests=int(stat("request_count", "avg") or 0), errors=int(stat("error_request_count", "avg") or 0),
+        ttft_ms_p50=stat("time_to_first_token", "p50"), ttft_ms_p99=stat("time_to_first_token", "p99"),
+        itl_ms_p50=stat("inter_token_latency", "p50"), output_tokens_per_s=stat("output_token_throughput", "avg"))
 
 
 def run(ctx: BenchContext) -> list[Row]:
