@@ -342,6 +342,15 @@ def _api_is_ready(api: ApiSettings) -> bool:
         return False
 
 
+def _stop_after_api_exit(server: subprocess.Popen, api_process: subprocess.Popen) -> int:
+    """The API ended on its own: stop tritonserver as Ctrl-C would, and exit with the API's status."""
+    print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver", file=sys.stderr,
+          flush=True)
+    server.send_signal(signal.SIGINT)
+    server.wait()
+    return api_process.returncode or 1
+
+
 def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int:
     """Run tritonserver in the foreground (logs to the terminal), then the OpenAI-compatible API beside it (unless
     api is None), and print working requests once both are ready. Either process ending stops the other."""
@@ -364,11 +373,7 @@ def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int
             api_process = subprocess.Popen(argv)
             while not _api_is_ready(api):
                 if api_process.poll() is not None:
-                    print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver",
-                          file=sys.stderr, flush=True)
-                    process.send_signal(signal.SIGINT)
-                    process.wait()
-                    return api_process.returncode or 1
+                    return _stop_after_api_exit(process, api_process)
                 time.sleep(0.5)
         print(
             "\n=== tritonserver is ready ===\n"
@@ -387,11 +392,7 @@ def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int
             if process.poll() is not None:
                 return process.returncode
             if api_process is not None and api_process.poll() is not None:
-                print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver",
-                      file=sys.stderr, flush=True)
-                process.send_signal(signal.SIGINT)
-                process.wait()
-                return api_process.returncode or 1
+                return _stop_after_api_exit(process, api_process)
             time.sleep(0.5)
     except KeyboardInterrupt:
         process.send_signal(signal.SIGINT)
