@@ -75,7 +75,7 @@ HANDOFF_SENDER_THREADS ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
 # tensorrt_llm_bls's transport (bls/transports.py): the C++ relay (relay/, compiled by `make repo`; decoupled only)
-# or in-process. auto: the relay when g++ (or $$CXX) is here; on: the relay or fail; off: in-process.
+# or in-process. auto: the relay when g++ or clang++ (or $$CXX) is here; on: the relay or fail; off: in-process.
 RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
@@ -148,8 +148,9 @@ serve: repo
 	$(WRITE_API_KEY)
 	$(SERVE)
 
-# An existing repository (e.g. one `make repo ENGINE=trtllm` built in the 26.07 container), served as it is: no
-# set-up, no build; the launch mode and world size come from its repository.json. check-repo runs first.
+# An existing repository (e.g. one `make repo ENGINE=trtllm` built in the 26.07 container), served as it is: no build;
+# the launch mode and world size come from its repository.json. check-repo runs first. The only set-up: the venv the
+# OpenAI API runs from (the test clients', TEST_SETUP), unless API_PORT=0.
 serve-only: check-repo $(if $(filter-out 0,$(API_PORT)),$(TEST_SETUP))
 	$(WRITE_API_KEY)
 	$(SERVE)

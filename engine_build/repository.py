@@ -391,11 +391,12 @@ def _prepare_output_dir(out: Path, settings: RepositorySettings) -> None:
     if out.exists():
         if any(out.iterdir()) and not (out / MANIFEST).is_file():
             raise RepositoryError(f"{out} exists and was not built by this tool; refusing to overwrite it")
-        if settings.engine != "trtllm" and any((out / TARGET_MODEL / "1").glob("rank*.engine")):
-            # `make serve` builds the embedded default first: over a GPU repository it would delete its engines.
+        brings_engines = settings.engine == "trtllm" and any(Path(settings.target).glob("rank*.engine"))
+        if not brings_engines and any((out / TARGET_MODEL / "1").glob("rank*.engine")):
+            # `make serve` (the embedded default) or a dry run over a GPU repository would delete its engines.
             raise RepositoryError(
-                f"{out} holds TensorRT-LLM engines; refusing to build the {settings.engine} default over them: "
-                f"serve it with `make serve-only REPO={out}`, or build elsewhere with REPO=")
+                f"{out} holds TensorRT-LLM engines; refusing to replace it with a repository without any: serve it "
+                f"with `make serve-only REPO={out}`, or build elsewhere with REPO=")
         shutil.rmtree(out)
     out.mkdir(parents=True)
 

@@ -2,7 +2,7 @@
 layout on this machine (`make rehearse`; `make test` runs it).
 
 What is reproduced (docs/container.md says what is not), inside a private mount namespace, so nothing on the host
-changes but an empty /models mount point:
+changes but the empty mount points /work and /models:
 - /opt/tritonserver/{bin,backends,include}: this machine's Triton 2.51 (the nvidia-pytriton wheel's server and Python
   backend), `tritonserver` on PATH, and Triton's headers where the image has them;
 - python3 on PATH is a venv's, /opt/venv-tritonserver (the image's Python is a venv too), made from the distribution's
@@ -91,7 +91,9 @@ def stage_checkout(clone: Path) -> None:
             shutil.copy2(source, clone / name, follow_symlinks=False)
 
 
-def stage_tritonserver(root: Path) -> None:
+def stage_tritonserver(root: Path, wheel_site: Path, python_version: str) -> None:
+    from serving.tritonserver import STUB_NAME
+
     """/opt/tritonserver as the image lays it out, pointing into the wheel (mounted at wheel/ by the namespace
     script; relative links, so the binary's $ORIGIN finds the wheel's libraries)."""
     if root.exists():
@@ -103,8 +105,13 @@ def stage_tritonserver(root: Path) -> None:
     # The wheel's Python backend. TensorRT-LLM's C++ backend cannot be reproduced: its folder holds only empty
     # stand-ins of what check-repo looks for there (the folder, trtllmExecutorWorker); what needs it is checked, never
     # served.
-    (root / "backends").mkdir()
-    (root / "backends" / "python").symlink_to("../wheel/pytriton/tritonserver/backends/python")
+    (root / "backends" / "python").mkdir(parents=True)
+    wheel_python = Path("../../wheel/pytriton/tritonserver")
+    for entry in (wheel_site / "pytriton" / "tritonserver" / "backends" / "python").iterdir():
+        if entry.name != STUB_NAME:
+            (root / "backends" / "python" / entry.name).symlink_to(wheel_python / "backends" / "python" / entry.name)
+    # the stub built for the image's Python version (the wheel ships one per version), not the host venv's
+    (root / "backends" / "python" / STUB).symlink_to(wheel_python / "python_backend_stubs" / python_version / STUB_NAME)
     (root / "backends" / "tensorrtllm").mkdir()
     (root / "backends" / "tensorrtllm" / "trtllmExecutorWorker").write_text("")
     shutil.copytree(PROJECT / "relay" / "include", root / "include")
@@ -126,40 +133,43 @@ def gpp_paths() -> list[str]:
 def namespace_script(wheel_site: Path, image_python: str) -> str:
     """Run inside `unshare --mount`: the image's filesystem, then the commands in a network namespace."""
     host_opt, venv, triton = STAGE / "host-opt", STAGE / "venv-tritonserver", STAGE / "opt-tritonserver"
-    hide_gpp = "\n".join(f"mount --bind /dev/null {shlex.quote(path)}" for path in gpp_paths())
+    q = lambda path: shlex.quote(str(path))  # noqa: E731
+    hide_gpp = "\n".join(f"mount --bind /dev/null {q(path)}" for path in gpp_paths())
     packages = " ".join(shlex.quote(p) for p in IMAGE_PACKAGES)
     return f"""set -euo pipefail
 mount --make-rprivate /
 # /opt: the host's entries, plus the image's two
-mount --rbind /opt {host_opt}
+mount --rbind /opt {q(host_opt)}
 mount -t tmpfs tmpfs /opt
-for entry in {host_opt}/*; do [ -d "$entry" ] || continue; mkdir /opt/"$(basename "$entry")"; \
+for entry in {q(host_opt)}/*; do [ -d "$entry" ] || continue; mkdir /opt/"$(basename "$entry")"; \
 mount --rbind "$entry" /opt/"$(basename "$entry")"; done
-mkdir /opt/venv-tritonserver /opt/tritonserver
-mount --bind {venv} /opt/venv-tritonserver
-mount --bind {triton} /opt/tritonserver
-mount --bind {wheel_site}/pytriton /opt/tritonserver/wheel/pytriton
-mount --bind {wheel_site}/nvidia_pytriton.libs /opt/tritonserver/wheel/nvidia_pytriton.libs
+mkdir -p /opt/venv-tritonserver /opt/tritonserver
+mount --bind {q(venv)} /opt/venv-tritonserver
+mount --bind {q(triton)} /opt/tritonserver
+mount --bind {q(wheel_site / "pytriton")} /opt/tritonserver/wheel/pytriton
+mount --bind {q(wheel_site / "nvidia_pytriton.libs")} /opt/tritonserver/wheel/nvidia_pytriton.libs
 if [ ! -f /opt/venv-tritonserver/.image-packages ] || \
    [ "$(cat /opt/venv-tritonserver/.image-packages)" != {shlex.quote(packages)} ]; then
   echo "[rehearsal] the image's Python: {image_python} -m venv /opt/venv-tritonserver + {packages}"
   rm -rf /opt/venv-tritonserver/* /opt/venv-tritonserver/.image-packages
-  {image_python} -m venv /opt/venv-tritonserver
+  {q(image_python)} -m venv /opt/venv-tritonserver
   /opt/venv-tritonserver/bin/pip install -q {packages}
   echo {shlex.quote(packages)} > /opt/venv-tritonserver/.image-packages
 fi
 # no g++; clang++ stays
 {hide_gpp}
 # -v $PWD:/work and -v /models:/models
-mount --bind {STAGE / "models"} /models
+mount --bind {q(STAGE / "models")} /models
 # last, as they may hide this checkout, the source of every mount above: /work, and the container's own /tmp
-mount --bind {STAGE / "clone"} /work
+mount --bind {q(STAGE / "clone")} /work
 mount -t tmpfs tmpfs /tmp
 cd /work
 export PATH={IMAGE_PATH} HOME=/root
 # the test clients' venv, with the index (its first run needs one), by the Makefile's own rule
 make --no-print-directory build/venv-test/.installed
-exec unshare --net -- /opt/venv-tritonserver/bin/python3 -m tools.container_rehearsal --inside
+# a network namespace (loopback only) and a PID namespace: every process of the commands ends with the rehearsal
+exec unshare --net --pid --fork --kill-child --mount-proc -- /opt/venv-tritonserver/bin/python3 \
+    -m tools.container_rehearsal --inside
 """
 
 
@@ -174,32 +184,30 @@ def rehearse() -> int:
     image_python = shutil.which("python3", path="/usr/bin")
     if image_python is None:
         raise SystemExit("the rehearsal makes the image's venv from the distribution's /usr/bin/python3: not found")
-    import pytriton  # noqa: F401  (the wheel whose server stands in for the image's)
+    from serving.tritonserver import STUB_NAME, _wheel_root
 
-    wheel_site = Path(pytriton.__path__[0]).parent
+    wheel_site = _wheel_root().parents[1]  # site-packages: pytriton/ and nvidia_pytriton.libs/
     for folder in ("host-opt", "venv-tritonserver", "models"):
         (STAGE / folder).mkdir(parents=True, exist_ok=True)
     log("staging: the checkout, /opt/tritonserver, the HF config of Llama 3 8B")
     stage_checkout(STAGE / "clone")
     shutil.copytree(repo, STAGE / "clone" / "build" / "model_repository_embedded", symlinks=True)
-    stage_tritonserver(STAGE / "opt-tritonserver")
+    python_version = subprocess.run([image_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+                                    check=True, capture_output=True, text=True).stdout.strip()
+    stage_tritonserver(STAGE / "opt-tritonserver", wheel_site, python_version)
     stage_model(STAGE / "models" / Path(HF_MODEL).name)
-    created_models = not Path("/models").exists()
-    if created_models:
-        Path("/models").mkdir()  # the mount point of -v /models:/models; removed again below
-    try:
-        return subprocess.call(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c",
-                                namespace_script(wheel_site, image_python)])
-    finally:
-        if created_models:
-            Path("/models").rmdir()
+    for mount_point in ("/work", "/models"):  # of -v $PWD:/work and -v /models:/models; left in place (empty), since
+        Path(mount_point).mkdir(exist_ok=True)  # a concurrent rehearsal may be using it
+    return subprocess.call(["unshare", "--mount", "--propagation", "private", "--", "bash", "-c",
+                            namespace_script(wheel_site, image_python)])
 
 
 # ---- inside the image ------------------------------------------------------------------------------------------
 def image_environment() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith(("PIP_", "VIRTUAL_ENV", "PYTHON"))}
-    env.update(PATH=IMAGE_PATH, LD_LIBRARY_PATH=HOST_LD_LIBRARY_PATH, PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull)
-    return env
+    """A shell's environment in the container, made from scratch: nothing of the host's (MAKEFLAGS, CXX, PYTHONPATH,
+    PIP_*) reaches the README's commands."""
+    return dict(HOME="/root", LANG="C.UTF-8", TERM="dumb", PATH=IMAGE_PATH, LD_LIBRARY_PATH=HOST_LD_LIBRARY_PATH,
+                PIP_NO_INDEX="1", PIP_CONFIG_FILE=os.devnull)
 
 
 def wait_ready(process: subprocess.Popen, timeout_s: float = 600) -> None:
@@ -214,13 +222,12 @@ def wait_ready(process: subprocess.Popen, timeout_s: float = 600) -> None:
         time.sleep(1)
 
 
-def tritonserver_pids(session: int) -> list[int]:
-    """The tritonserver processes of one session (the host's other processes are visible here: no PID namespace)."""
+def tritonserver_pids() -> list[int]:
+    """The tritonserver processes here (this PID namespace holds only the rehearsal's)."""
     pids = []
     for entry in Path("/proc").iterdir():
         try:
-            if entry.name.isdigit() and Path(os.readlink(entry / "exe")).name == "tritonserver" \
-                    and os.getsid(int(entry.name)) == session:
+            if entry.name.isdigit() and Path(os.readlink(entry / "exe")).name == "tritonserver":
                 pids.append(int(entry.name))
         except OSError:
             continue
@@ -250,7 +257,7 @@ def inside() -> int:
         if command.startswith("make serve-only"):
             server = subprocess.Popen(shlex.split(command), env=env, start_new_session=True)
             wait_ready(server)
-            (pid,) = tritonserver_pids(server.pid)
+            (pid,) = tritonserver_pids()
             environ = dict(item.split("=", 1) for item in
                            Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
             check(environ.get("LD_LIBRARY_PATH") == HOST_LD_LIBRARY_PATH,
@@ -277,7 +284,11 @@ def inside() -> int:
         except subprocess.TimeoutExpired:
             stopped = False
             os.killpg(server.pid, signal.SIGKILL)
-        check(stopped and not tritonserver_pids(server.pid), "make serve-only and its tritonserver stop on Ctrl-C", failures)
+        # Not checked: a clean exit. After the suite, tensorrt_llm_bls (the relay) still holds an engine request at
+        # unload and tritonserver exits on its 10 s exit timeout, with status 1 (docs/operations.md, "Overload,
+        # unload and failures": "Known").
+        check(stopped and not tritonserver_pids(),
+              f"Ctrl-C ends make serve-only (exit {server.returncode}) and its tritonserver", failures)
     log("PASSED: every README container command did what the README says" if not failures else
         f"FAILED: {len(failures)} step(s): " + "; ".join(failures))
     return 1 if failures else 0

@@ -295,8 +295,13 @@ def test_the_embedded_default_is_never_built_over_tensorrt_llm_engines(tmp_path)
     (tmp_path / "tensorrt_llm" / "1").mkdir(parents=True)
     (tmp_path / "tensorrt_llm" / "1" / "rank0.engine").write_bytes(b"engine")
     (tmp_path / MANIFEST).write_text("{}")
-    with pytest.raises(RepositoryError, match=r"holds TensorRT-LLM engines.*make serve-only REPO="):
-        _prepare_output_dir(tmp_path, SimpleNamespace(engine="embedded"))
-    assert (tmp_path / "tensorrt_llm" / "1" / "rank0.engine").is_file()
-    _prepare_output_dir(tmp_path, SimpleNamespace(engine="trtllm"))  # a rebuild of the GPU repository replaces it
+    engines = tmp_path / "new-engine"
+    for settings in (SimpleNamespace(engine="embedded", target=tmp_path / "tiny"),
+                     SimpleNamespace(engine="trtllm", target=engines)):  # a dry run: no engine built
+        with pytest.raises(RepositoryError, match=r"holds TensorRT-LLM engines.*make serve-only REPO="):
+            _prepare_output_dir(tmp_path, settings)
+        assert (tmp_path / "tensorrt_llm" / "1" / "rank0.engine").is_file()
+    engines.mkdir()
+    (engines / "rank0.engine").write_bytes(b"new")
+    _prepare_output_dir(tmp_path, SimpleNamespace(engine="trtllm", target=engines))  # a rebuild replaces it
     assert not any(tmp_path.iterdir())
