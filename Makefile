@@ -194,8 +194,8 @@ system-packages:
 	if [ -n "$$missing" ]; then \
 	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	        echo "installing Debian's $$missing"; \
-	        export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q $$missing >/dev/null \
-	            || { apt-get update -q >/dev/null && apt-get install -y -q $$missing >/dev/null; }; \
+	        export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends $$missing >/dev/null \
+	            || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
 	    else echo "the tests need: apt-get install $$missing (as root)"; exit 1; fi; \
 	fi
 

@@ -23,6 +23,8 @@ from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm import trtllm_build_command
 
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+
 
 @dataclass(frozen=True)
 class Command:
@@ -76,9 +78,8 @@ class GpuPlan:
                     **(dict(lora_target_modules=self.lora_target_modules, max_lora_rank=self.max_lora_rank)
                        if lora and self.lora_target_modules else {}))
 
-    def commands(self, repo: Path) -> list[Command]:
-        from serving.tritonserver import CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, server_command
-
+    def build_commands(self) -> list[Command]:
+        """Quantization and trtllm-build, in order: what a real run runs, each its own process."""
         python = [sys.executable, "-m", "engine_build"]
         ranks = ["--tp", str(self.tp), "--pp", str(self.pp)]
         kv = ["--kv-cache-dtype", self.kv_cache_dtype] if self.kv_cache_dtype != "auto" else []
@@ -95,14 +96,19 @@ class GpuPlan:
             steps.append(Command(f"{role}: trtllm-build",
                                  trtllm_build_command(checkpoint, engine,
                                                       **self.build_options(draft_len, lora=role == "target"))))
+        return steps
+
+    def commands(self, repo: Path) -> list[Command]:
+        """The build commands, then how `make serve-only` serves the result: what a dry run prints."""
+        from serving.tritonserver import CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, server_command
+
         orchestrator = self.draft_hf is not None
         engines = ("tensorrt_llm", "tensorrt_llm_draft") if orchestrator else ("tensorrt_llm",)
-        steps.append(Command(
+        return [*self.build_commands(), Command(
             "serve (make serve)" + (": orchestrator mode, target and draft" if orchestrator else ""),
             server_command(repo, ServerPorts(), world_size=self.world_size, engine_model_names=engines,
                            orchestrator=orchestrator, install=CONTAINER_TRITONSERVER, gpu=True),
-            dict(ORCHESTRATOR_ENVIRONMENT) if orchestrator else {}))
-        return steps
+            dict(ORCHESTRATOR_ENVIRONMENT) if orchestrator else {})]
 
     def repository_settings(self, tokenizer: Path, args) -> RepositorySettings:
         profile = self.profile
@@ -210,7 +216,7 @@ def build_trtllm_repository(args, log) -> Path:
     if args.dry_run:
         log("DRY_RUN: these are the commands a real run runs, in order:\n\n" + "\n\n".join(map(str, commands)) + "\n")
     else:
-        _run(gpu_plan, args.repo.resolve(), log)
+        _run(gpu_plan, log)
     out = assemble_repository(args.repo, gpu_plan.repository_settings(args.hf_model, args))
     report = check_repository(out)
     print(report.text(out), flush=True)
@@ -220,17 +226,16 @@ def build_trtllm_repository(args, log) -> Path:
     return out
 
 
-def _run(gpu_plan: GpuPlan, repo: Path, log) -> None:
-    """The build steps of `commands()` (all but the last, serving), each its own process, exactly as a dry run
-    prints them: the calibration model's GPU memory is freed when its process exits, before trtllm-build starts
-    (tens of GB a GPU for 70B; upstream's examples run them as separate commands too)."""
+def _run(gpu_plan: GpuPlan, log) -> None:
+    """The build commands, each its own process, exactly as a dry run prints them: the calibration model's GPU memory
+    is freed when its process exits, before trtllm-build starts (tens of GB a GPU for 70B; upstream's examples run
+    them as separate commands too). `python -m engine_build` runs from this checkout, as make runs it."""
     from engine_build.trtllm import check_gpu_stage_environment
 
     check_gpu_stage_environment()  # before an hour of quantization, not after
-    for command in gpu_plan.commands(repo)[:-1]:
-        log(command.title)
-        print(str(command), file=sys.stderr, flush=True)
-        returncode = subprocess.call(command.argv, env={**os.environ, **command.env})
+    for command in gpu_plan.build_commands():
+        log(f"+ {shlex.join(command.argv)}")
+        returncode = subprocess.call(command.argv, env={**os.environ, **command.env}, cwd=PROJECT_ROOT)
         if returncode != 0:
             raise SystemExit(f"[{command.title}] exited with status {returncode} (its output is above); "
                              "nothing after it ran")

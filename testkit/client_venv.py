@@ -29,8 +29,11 @@ def test_requirements(pyproject: Path = PROJECT / "pyproject.toml") -> list[str]
 
 
 def creator_site_packages() -> list[str]:
+    """Every package folder this interpreter imports from, in its order: its own (a venv's), and those it sees beyond
+    it (a venv with system site-packages, /usr/local/lib/python3.X/dist-packages where NVIDIA's images put torch)."""
     paths = sysconfig.get_paths()
-    return list(dict.fromkeys([paths["purelib"], paths["platlib"]]))
+    seen = [paths["purelib"], paths["platlib"], *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
+    return [p for p in dict.fromkeys(seen) if Path(p).is_dir()]
 
 
 def layered_venv(target: Path) -> Path:

@@ -67,8 +67,15 @@ def readme_commands(readme: Path = README) -> list[str]:
     container = [block for block in blocks if "26.07-trtllm-python-py3" in block]
     if len(container) != 1:
         raise SystemExit(f"{readme}: expected one bash block that runs the 26.07 image, found {len(container)}")
-    lines = [line.split("#", 1)[0].strip() for line in container[0].splitlines()]
-    return [line for line in lines if line.startswith("make ")]
+    lines = [line.split("#", 1)[0].rstrip() for line in container[0].splitlines()]
+    commands = []
+    for line in filter(str.strip, lines):
+        if line.startswith("make ") and not line.endswith("\\"):
+            commands.append(line.strip())
+        elif not (line.startswith(("docker run ", "    nvcr.io/")) or line == "cd /work"):
+            raise SystemExit(f"{readme}: the container block's line {line!r} is none the rehearsal runs (a one-line "
+                             "`make` command) or stands in for (docker run, cd /work): extend the rehearsal first")
+    return commands
 
 
 def is_gpu_build(command: str) -> bool:

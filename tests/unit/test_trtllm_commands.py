@@ -137,15 +137,16 @@ def test_the_real_run_runs_each_build_step_in_its_own_process(monkeypatch, tmp_p
 
     steps = [Command("target: quantize", ["quantize-it"]), Command("target: trtllm-build", ["build-it"], {"K": "v"}),
              Command("serve (make serve)", ["serve-it"])]
-    plan = SimpleNamespace(commands=lambda repo: steps)
+    plan = SimpleNamespace(build_commands=lambda: steps[:2], commands=lambda repo: steps)
     calls = []
     monkeypatch.setattr(trtllm, "check_gpu_stage_environment", lambda: None)
-    monkeypatch.setattr(trtllm_flow.subprocess, "call", lambda argv, env: calls.append((argv, env.get("K"))) or 0)
-    trtllm_flow._run(plan, tmp_path, lambda message: None)
+    monkeypatch.setattr(trtllm_flow.subprocess, "call",
+                        lambda argv, env, cwd: calls.append((argv, env.get("K"))) or 0)
+    trtllm_flow._run(plan, lambda message: None)
     assert calls == [(["quantize-it"], None), (["build-it"], "v")]
 
     calls.clear()
-    monkeypatch.setattr(trtllm_flow.subprocess, "call", lambda argv, env: calls.append(argv) or 3)
+    monkeypatch.setattr(trtllm_flow.subprocess, "call", lambda argv, env, cwd: calls.append(argv) or 3)
     with pytest.raises(SystemExit, match=r"\[target: quantize\] exited with status 3"):
-        trtllm_flow._run(plan, tmp_path, lambda message: None)
+        trtllm_flow._run(plan, lambda message: None)
     assert calls == [["quantize-it"]]
