@@ -118,7 +118,7 @@ def stage_tritonserver(root: Path, wheel_site: Path, python_version: str) -> Non
         if entry.name != STUB_NAME:
             (root / "backends" / "python" / entry.name).symlink_to(wheel_python / "backends" / "python" / entry.name)
     # the stub built for the image's Python version (the wheel ships one per version), not the host venv's
-    (root / "backends" / "python" / STUB).symlink_to(wheel_python / "python_backend_stubs" / python_version / STUB_NAME)
+    (root / "backends" / "python" / STUB_NAME).symlink_to(wheel_python / "python_backend_stubs" / python_version / STUB_NAME)
     (root / "backends" / "tensorrtllm").mkdir()
     (root / "backends" / "tensorrtllm" / "trtllmExecutorWorker").write_text("")
     shutil.copytree(PROJECT / "relay" / "include", root / "include")
