@@ -99,10 +99,10 @@ def stage_checkout(clone: Path) -> None:
 
 
 def stage_tritonserver(root: Path, wheel_site: Path, python_version: str) -> None:
-    from serving.tritonserver import STUB_NAME
-
     """/opt/tritonserver as the image lays it out, pointing into the wheel (mounted at wheel/ by the namespace
     script; relative links, so the binary's $ORIGIN finds the wheel's libraries)."""
+    from serving.tritonserver import STUB_NAME
+
     if root.exists():
         shutil.rmtree(root)
     (root / "bin").mkdir(parents=True)
