@@ -291,12 +291,18 @@ class TritonServer:
         self.stop()
 
 
-def is_ready(http_url: str) -> bool:
+def answers_200(url: str) -> bool:
+    """Whether a GET of `url` (a health endpoint) answers 200 within 2 s."""
     try:
-        with urllib.request.urlopen(f"http://{http_url}/v2/health/ready", timeout=2) as response:
+        with urllib.request.urlopen(url, timeout=2) as response:
             return response.status == 200
     except OSError:
         return False
+
+
+def is_ready(http_url: str) -> bool:
+    """tritonserver's readiness at host:port."""
+    return answers_200(f"http://{http_url}/v2/health/ready")
 
 
 def launch(repo: Path | str, ports: ServerPorts, address: str = "0.0.0.0", extra_args: tuple[str, ...] = (),
@@ -335,11 +341,7 @@ def api_command(api: ApiSettings, repo: Path, grpc_port: int) -> list[str]:
 
 def _api_is_ready(api: ApiSettings) -> bool:
     host = "127.0.0.1" if api.host in ("0.0.0.0", "::") else api.host
-    try:
-        with urllib.request.urlopen(f"http://{host}:{api.port}/health/ready", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False
+    return answers_200(f"http://{host}:{api.port}/health/ready")
 
 
 def _stop_after_api_exit(server: subprocess.Popen, api_process: subprocess.Popen) -> int:

@@ -6,11 +6,12 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
+
+from serving.tritonserver import answers_200
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -44,7 +45,7 @@ def openai_api(grpc_url: str, log: Path, *args: str, startup_timeout_s: float = 
     api = ApiProcess(f"http://127.0.0.1:{port}", process, log)
     try:
         deadline = time.monotonic() + startup_timeout_s
-        while not _ready(api.url):
+        while not answers_200(f"{api.url}/health/ready"):
             if process.poll() is not None:
                 raise RuntimeError(f"the OpenAI-compatible API exited ({process.returncode}): {log.read_text()}")
             if time.monotonic() > deadline:
@@ -59,11 +60,3 @@ def openai_api(grpc_url: str, log: Path, *args: str, startup_timeout_s: float = 
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
-
-
-def _ready(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health/ready", timeout=2) as response:
-            return response.status == 200
-    except OSError:
-        return False

@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from engine_build.repository import variant_repository  # noqa: E402
-from serving.tritonserver import ServerPorts, TritonServer  # noqa: E402
+from serving.tritonserver import ServerPorts, TritonServer, answers_200  # noqa: E402
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "llama3-triton.json"
@@ -80,12 +80,8 @@ def wait_http(url: str, timeout_s: float, process: subprocess.Popen | None = Non
     while time.monotonic() < deadline:
         if process is not None and process.poll() is not None:
             raise RuntimeError(f"{process.args[0]} exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
+        if answers_200(url):
+            return
         time.sleep(0.5)
     raise TimeoutError(f"{url} not ready after {timeout_s:.0f} s")
 
