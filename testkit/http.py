@@ -136,3 +136,13 @@ def generate_stream(http_url: str, model: str, body: dict, timeout: float = 120)
         return session.generate_stream(model, body).events
     finally:
         session.close()
+
+
+def streamed_texts(http_url: str, model: str, bodies: list[dict], timeout: float = 120) -> list[str]:
+    """Each body streamed at once (one connection each, all concurrent): the text each stream's events add up to."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        streams = list(pool.map(lambda body: generate_stream(http_url, model, {**body, "stream": True}, timeout),
+                                bodies))
+    return ["".join(event["text_output"] for event in events) for events in streams]

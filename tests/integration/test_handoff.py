@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import pytest
 
 from engine_build.repository import HANDOFF_MODEL, can_compile_relay
 from testkit.grpc import grpc_stream
-from testkit.http import HttpError, generate, generate_stream
+from testkit.http import HttpError, generate, generate_stream, streamed_texts
 from tests.integration.conftest import built_repository_server
 
 ENSEMBLE = "ensemble"
@@ -67,12 +66,8 @@ def test_streamed_text_through_the_handoff_is_the_text_unstreamed_and_the_bls_te
 def test_concurrent_streams_over_the_senders_each_keep_their_own_text_in_order(server):
     """Streams spread over the senders (one stream on one sender): each stream's events add up to its own text."""
     bodies = [{"text_input": f"{PROMPTS[i % 2]} ({i})", "max_tokens": 10 + i, "end_id": -1} for i in range(12)]
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        streamed = list(pool.map(lambda body: generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True},
-                                                              timeout=120), bodies))
-    for body, events in zip(bodies, streamed):
-        assert "".join(event["text_output"] for event in events) == \
-            generate(server.http_url, ENSEMBLE, body)["text_output"], body
+    for body, text in zip(bodies, streamed_texts(server.http_url, ENSEMBLE, bodies)):
+        assert text == generate(server.http_url, ENSEMBLE, body)["text_output"], body
 
 
 def test_generation_details_pass_through_unchanged(server):

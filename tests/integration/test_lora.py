@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import openai
@@ -19,7 +18,7 @@ import pytest
 from engine_build.lora import convert_peft_adapter
 from embedded_engine.lora import LoraLayout
 from testkit.grpc import grpc_stream
-from testkit.http import HttpError, generate, generate_stream
+from testkit.http import HttpError, generate, generate_stream, streamed_texts
 from testkit.openai_api import openai_api
 from tests.integration.conftest import ASSETS, built_repository_server
 
@@ -159,12 +158,8 @@ def test_unknown_names_and_task_ids_are_refused_naming_them(server, model):
 def test_concurrent_streams_with_different_adapters_each_keep_their_own(server):
     names = [None, "alpha", "beta"] * 3
     bodies = [{**TEXT, "max_tokens": 12 + i, **({"lora_name": name} if name else {})} for i, name in enumerate(names)]
-    with ThreadPoolExecutor(len(bodies)) as pool:
-        streamed = list(pool.map(lambda body: generate_stream(server.http_url, BLS, {**body, "stream": True},
-                                                              timeout=180), bodies))
-    for body, events in zip(bodies, streamed):
-        assert "".join(event["text_output"] for event in events) == \
-            generate(server.http_url, BLS, body)["text_output"], body
+    for body, text in zip(bodies, streamed_texts(server.http_url, BLS, bodies, timeout=180)):
+        assert text == generate(server.http_url, BLS, body)["text_output"], body
 
 
 def test_speculative_decoding_with_an_adapter_equals_the_adapters_own_greedy_output(server):
