@@ -60,29 +60,25 @@ MAX_SEQ_LEN ?=
 KV_CACHE_FRACTION ?=
 BATCH_SCHEDULER_POLICY ?=
 ENABLE_CHUNKED_CONTEXT ?=
-# tensorrt_llm_bls instances; default: relayed, one per 4 cores of the host that runs `make repo`, 1 to 8;
-# in-process (one request at a time each), one per core, 4 to 32.
+# tensorrt_llm_bls instances; default: streaming (the relay), one per 4 cores of the host that runs `make repo`, 1 to 8;
+# unary (one request at a time each), one per core, 4 to 32.
 BLS_INSTANCES ?=
 # preprocessing / postprocessing instances (the ensemble's Python steps; postprocessing runs once per streamed
 # token); default: preprocessing one per 4 cores of the host that runs `make repo`, 1 to 8; postprocessing one per
 # 2 cores, 1 to 16.
 PREPROCESSING_INSTANCES ?=
 POSTPROCESSING_INSTANCES ?=
-# Relayed repositories: threads that re-send the engine's responses to the ensemble, where Triton schedules the
-# ensemble's next step (relay/handoff.h); 0: the ensemble calls the engine directly. Default: one per 4 cores of
-# the host that runs `make repo`, up to 8; 0 below 8 cores.
+# Streaming repositories: threads that re-send the engine's responses to the ensemble, where Triton schedules the
+# ensemble's next step (relay/handoff.h). Default: one per 4 cores of the host that runs `make repo`, 1 to 8.
 HANDOFF_SENDER_THREADS ?=
 # tensorrt_llm_bls: new tokens per streamed response (1: every token); larger values cost the BLS less CPU.
 STREAM_INTERVAL ?= 1
-# tensorrt_llm_bls's transport (bls/transports.py): the C++ relay (relay/, compiled by `make repo`; decoupled only)
-# or in-process. auto: the relay when g++ or clang++ (or $$CXX) is here; on: the relay or fail; off: in-process.
-RELAY ?= auto
 SIZING = --profile $(PROFILE) --kv-cache-dtype $(KV_CACHE_DTYPE) $(if $(DRY_RUN),--dry-run) \
     $(if $(SERVE_PATH),--serve-path $(SERVE_PATH)) $(if $(BLS_INSTANCES),--bls-instances $(BLS_INSTANCES)) \
     $(if $(PREPROCESSING_INSTANCES),--preprocessing-instances $(PREPROCESSING_INSTANCES)) \
     $(if $(POSTPROCESSING_INSTANCES),--postprocessing-instances $(POSTPROCESSING_INSTANCES)) \
     $(if $(HANDOFF_SENDER_THREADS),--handoff-sender-threads $(HANDOFF_SENDER_THREADS)) \
-    --stream-interval $(STREAM_INTERVAL) --relay $(RELAY) --guided-decoding $(GUIDED_DECODING) \
+    --stream-interval $(STREAM_INTERVAL) --guided-decoding $(GUIDED_DECODING) \
     $(if $(GPU_MEM_GB),--gpu-mem-gb $(GPU_MEM_GB)) $(if $(MAX_BATCH_SIZE),--max-batch-size $(MAX_BATCH_SIZE)) \
     $(if $(MAX_NUM_TOKENS),--max-num-tokens $(MAX_NUM_TOKENS)) $(if $(MAX_INPUT_LEN),--max-input-len $(MAX_INPUT_LEN)) \
     $(if $(MAX_SEQ_LEN),--max-seq-len $(MAX_SEQ_LEN)) $(if $(KV_CACHE_FRACTION),--kv-cache-fraction $(KV_CACHE_FRACTION)) \
@@ -163,18 +159,11 @@ check-repo:
 # need the embedded engine or start their own server skip themselves, naming why (tests/integration/conftest.py).
 # In the container the test clients run in their own venv ($(TEST_VENV)): tritonclient pins protobuf<5, which must
 # not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
-# Without SERVER_URL the tests that go through tensorrt_llm_bls run a second time against the BLS's other transport,
-# in-process (bls/transports.py: what RELAY=off, a host without a C++ compiler and DECOUPLED=false build).
-IN_PROCESS_REPO ?= build/model_repository_in_process
-BLS_TESTS := tests/integration/test_bls.py tests/integration/test_text.py tests/integration/test_bad_input.py \
-    tests/integration/test_conformance.py tests/integration/test_guided.py tests/integration/test_metrics.py
 # Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
 REHEARSAL ?= 1
 test: $(if $(SERVER_URL),$(TEST_SETUP),repo system-packages)
 	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
-	$(MAKE) --no-print-directory repo RELAY=off REPO=$(IN_PROCESS_REPO)
-	$(TEST_PY) -m pytest -q $(BLS_TESTS) --repo $(IN_PROCESS_REPO)
 ifeq ($(REHEARSAL),1)
 	$(MAKE) --no-print-directory rehearse
 endif

@@ -2,6 +2,22 @@
 
 from __future__ import annotations
 
+from enum import IntEnum
+
+
+class ErrorCode(IntEnum):
+    """Triton's error codes (TRITONSERVER_Error_Code, core's tritonserver.h; pb_utils.TritonError has the same
+    values): how every error travels between our models, through the relay's frames as a number."""
+
+    UNKNOWN = 0
+    INTERNAL = 1
+    NOT_FOUND = 2
+    INVALID_ARG = 3
+    UNAVAILABLE = 4
+    UNSUPPORTED = 5
+    ALREADY_EXISTS = 6
+    CANCELLED = 7
+
 
 class InvalidRequest(ValueError):
     """A request the client must fix. Becomes a Triton INVALID_ARG error naming the field."""
@@ -26,12 +42,21 @@ class ModelStepError(RuntimeError):
     """A model this one called (preprocessing, the engine, the draft...) answered with an error.
 
     The message is the inner model's own message, prefixed with its name; it is passed on as is
-    because the inner model already produced a client-facing text. `kind` keeps the inner error's class:
-    "client" (the request must change), "unavailable" (retry later), "internal".
+    because the inner model already produced a client-facing text. `code` is the inner error's Triton code, which
+    alone decides what the client gets (bls.triton_io.responses.error_status): never the message's words.
     """
 
-    def __init__(self, model_name: str, message: str, kind: str = "client"):
+    def __init__(self, model_name: str, message: str, code: int):
         # The inner model's messages often name it already ("tensorrt_llm: at capacity ...").
         super().__init__(message if message.startswith(f"{model_name}: ") else f"{model_name}: {message}")
         self.model_name = model_name
-        self.kind = kind
+        self.code = ErrorCode(code) if code in ErrorCode._value2member_map_ else ErrorCode.UNKNOWN
+
+    @property
+    def client_code(self) -> ErrorCode:
+        """What our client gets: the request must change (INVALID_ARG, UNSUPPORTED, as given), retry later
+        (UNAVAILABLE), or anything else from a model we called: INTERNAL (a NOT_FOUND of the engine is not the
+        client's model missing)."""
+        if self.code in (ErrorCode.INVALID_ARG, ErrorCode.UNSUPPORTED, ErrorCode.UNAVAILABLE):
+            return self.code
+        return ErrorCode.INTERNAL

@@ -1,7 +1,7 @@
 """The request-level LLM metrics operators watch first, one definition for every model that serves text.
 
 Names, buckets and meaning are defined here once; `tensorrt_llm_bls` reports them through the Python backend
-(bls.triton_io.Metrics), the ensemble's handoff through the same families in C++ (relay/request_metrics.cc, a copy
+(bls.triton_io.metrics.Metrics), the ensemble's handoff through the same families in C++ (relay/request_metrics.cc, a copy
 that tests/unit/test_llm_metrics.py holds to this file). Every family has the label `model` (the model clients
 call: `tensorrt_llm_bls`, `ensemble`), so one dashboard shows each path. docs/operations.md ("Metrics") puts each
 beside its vLLM and trtllm-serve equivalent.
@@ -69,7 +69,7 @@ class RequestTiming:
 
 
 class GenerationMetrics:
-    """The families above for one model, on a bls.triton_io.Metrics (which serialises and batches the calls)."""
+    """The families above for one model, on a bls.triton_io.metrics.Metrics (which serialises and batches the calls)."""
 
     def __init__(self, metrics: Any, model: str):
         labels: Mapping[str, str] = {"model": model}

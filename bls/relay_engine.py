@@ -2,8 +2,10 @@
 
 The relay sends each engine request in-process (TRITONSERVER_ServerInferAsync) and writes every response back
 on this process's connection, where its reader thread hands them on, a burst at a time. Errors keep Triton's
-code. A stream is registered under its request id so that cancel() ends it at once from another thread (the
-client has gone): its reader then gets GenerationCancelled, and the relay cancels the engine request.
+code (bls.errors.ModelStepError.code), which alone classifies them. A stream is registered under its request id so
+that cancel() ends it at once from another thread (the client has gone): its reader then gets GenerationCancelled,
+and the relay cancels the engine request (TRITONSERVER_InferenceRequestCancel): the one way an engine call is
+stopped, whoever stops it (a client gone, a reader leaving early, unloading).
 """
 
 from __future__ import annotations
@@ -15,30 +17,10 @@ from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from bls.contract import TENSORRT_LLM
-from bls.errors import GenerationCancelled, ModelStepError
+from bls.errors import ErrorCode, GenerationCancelled, ModelStepError
 from bls.relay import EngineCallError, RelayConnection, RelayDisconnected, RelayEngineCall
 
 Tensors = dict[str, np.ndarray]
-
-_ENGINE_INPUTS = frozenset(spec.name for spec in TENSORRT_LLM.inputs)
-# What an engine's refusal for capacity or unloading says (embedded engine, BLS pool, Triton's own queue).
-_UNAVAILABLE_MARKS = ("at capacity", "unloading", "unloaded", "Exceeds maximum queue size", "is not ready",
-                      "is not healthy")
-# Error kinds by Triton error code (TRITONSERVER_Error_Code), where the code says it; the rest by message.
-_KINDS_BY_CODE = {3: "client", 5: "client", 4: "unavailable"}  # INVALID_ARG, UNSUPPORTED, UNAVAILABLE
-
-
-def error_kind(message: str) -> str:
-    """The class of an engine error whose code does not say it: "unavailable" for capacity and unloading
-    refusals, "client" when the message names an engine input (how the engines report a bad request), else
-    "internal"."""
-    if any(mark in message for mark in _UNAVAILABLE_MARKS):
-        return "unavailable"
-    if message.split(":", 1)[0].strip() in _ENGINE_INPUTS:
-        return "client"
-    return "internal"
-
 
 class RelayedEngineStreams:
     """Engine streams of every thread of the process, over its one relay connection."""
@@ -56,6 +38,14 @@ class RelayedEngineStreams:
         """Cancel, from any thread, the open streams of `request_id` and of its children (ids "`request_id`-...")."""
         with self._lock:
             calls = [call for call, rid in self._open.items() if rid == request_id or rid.startswith(f"{request_id}-")]
+            self._cancelled.update(calls)
+        for call in calls:
+            call.stop()
+
+    def cancel_all(self) -> None:
+        """Cancel every open stream (unloading): no engine keeps generating for nobody."""
+        with self._lock:
+            calls = list(self._open)
             self._cancelled.update(calls)
         for call in calls:
             call.stop()
@@ -102,14 +92,13 @@ class RelayedEngineStreams:
         try:
             yield open_call
         except EngineCallError as error:
-            kind = _KINDS_BY_CODE.get(error.code) or error_kind(str(error))
-            raise ModelStepError(model_name, str(error), kind=kind) from None
+            raise ModelStepError(model_name, str(error), error.code) from None
         except RelayDisconnected as error:
             with self._lock:
                 cancelled = any(call in self._cancelled for call in opened)
             if cancelled:
                 raise GenerationCancelled(request_id) from None
-            raise ModelStepError(model_name, f"lost the relay ({error})", kind="unavailable") from None
+            raise ModelStepError(model_name, f"lost the relay ({error})", ErrorCode.UNAVAILABLE) from None
         finally:
             for call in opened:
                 call.stop()  # no-op once it has ended

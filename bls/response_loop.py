@@ -12,8 +12,9 @@ A thread that queues many streams' responses in bursts (the relay connection's r
 each burst (`send_waiting`): waking a sending thread for each response, and handing it the GIL and back, would
 cost more than the sends (docs/benchmarks.md has the measurements).
 
-Cancellation is asked of the transport here too, right after a stream's send (not after its final one), at most
-at the rate bls.cancellation gives each stream; the stream's own thread reads the answer without any call.
+Cancellation is the relay's word: the connection that claimed the stream calls `cancel()` when the relay says the
+client has gone (bls.transports); a send that fails cancels the stream too. The stream's own thread reads the flag
+without any call.
 """
 
 from __future__ import annotations
@@ -27,8 +28,6 @@ from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
-from bls.cancellation import PROCESS_CHECKS, CancellationChecks
-
 Tensors = dict[str, np.ndarray]
 # Merges two streamed responses of one stream into one, or None when they must go apart.
 Merge = Callable[[Tensors, Tensors], "Tensors | None"]
@@ -36,7 +35,7 @@ log = logging.getLogger(__name__)
 
 
 class Transport(Protocol):
-    """Where a stream's responses go (bls.triton_io.RelayedSender: frames to the relay)."""
+    """Where a stream's responses go (bls.triton_io.senders.RelayedSender: frames to the relay)."""
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
 
@@ -46,9 +45,6 @@ class Transport(Protocol):
     def send_built(self, response: object, final: bool = False) -> None: ...
 
     def send_error(self, error: BaseException) -> None: ...
-
-    def is_cancelled(self, wait: bool = False) -> bool:
-        """Whether the client has gone (the relay says so)."""
 
 
 @dataclass
@@ -62,11 +58,10 @@ class _Outgoing:
 class QueuedStream:
     """The response sink of one request: sends return at once; the loop sends in order."""
 
-    def __init__(self, loop: "ResponseLoop", transport: Transport, merge: Merge, checks: CancellationChecks):
+    def __init__(self, loop: "ResponseLoop", transport: Transport, merge: Merge):
         self._loop = loop
         self._transport = transport
         self._merge = merge
-        self._cancellation = checks.poll(lambda: transport.is_cancelled(wait=True))
         # Guarded by the loop's lock:
         self._waiting: list[_Outgoing] = []
         self._queued = False  # in one of the loop's ready queues
@@ -88,8 +83,20 @@ class QueuedStream:
         self._loop._enqueue(self, _Outgoing(None, True, error))
 
     def is_cancelled(self) -> bool:
-        """What Triton said at the last check (the loop asks), or True when sending failed. Never blocks."""
+        """Whether the client has gone (cancel()) or sending failed. Never blocks."""
         return self._cancelled
+
+    def cancel(self) -> None:
+        """The client has gone (the relay says so, from a thread that holds the connection's lock: this only takes
+        note). What waits is dropped but the final response; the when_cancelled callback runs on a sending thread."""
+        with self._loop._lock:
+            if self._cancelled:
+                return
+            self._cancelled = True
+            callback, self._on_cancelled = self._on_cancelled, None
+            if callback is not None:
+                self._loop._callbacks.append(callback)
+                self._loop._lock.notify()
 
     def when_cancelled(self, callback: Callable[[], None]) -> None:
         """Run `callback` as soon as the loop learns that the client has gone (on a sending thread; it must not
@@ -143,8 +150,6 @@ class QueuedStream:
                 if not item.final:
                     self._end_with(error)
                 return
-        if not self._cancelled and not items[-1].final and self._cancellation():  # after the final: nothing to stop
-            self._mark_cancelled()
 
     def _mark_cancelled(self) -> None:
         with self._loop._lock:
@@ -153,10 +158,7 @@ class QueuedStream:
             self._cancelled = True
             callback, self._on_cancelled = self._on_cancelled, None
         if callback is not None:
-            try:
-                callback()
-            except Exception:  # noqa: BLE001 - the stream still ends; its producer sees is_cancelled()
-                log.exception("interrupting the generation of a cancelled stream failed")
+            _run_callback(callback)
 
     def _end_with(self, error: BaseException) -> None:
         try:
@@ -169,12 +171,12 @@ class ResponseLoop:
     """Sends the streamed responses of one process, on its threads and on those that call send_waiting. `open` a
     stream per request; `close` at unload sends what waits."""
 
-    def __init__(self, name: str = "bls-send", checks: CancellationChecks = PROCESS_CHECKS, threads: int = 1):
-        self._checks = checks
+    def __init__(self, name: str = "bls-send", threads: int = 1):
         self._lock = threading.Condition()
         self._new: deque[QueuedStream] = deque()  # streams that have sent nothing yet: first tokens go first
         self._running: deque[QueuedStream] = deque()
         self._sending: set[QueuedStream] = set()  # taken by a sending thread now
+        self._callbacks: deque[Callable[[], None]] = deque()  # when_cancelled callbacks of cancelled streams
         self._self_sending: set[int] = set()  # threads that send what they queue themselves (send_waiting)
         self._open = True
         self._threads = [threading.Thread(target=self._run, name=f"{name}-{i}", daemon=True) for i in range(threads)]
@@ -182,7 +184,7 @@ class ResponseLoop:
             thread.start()
 
     def open(self, transport: Transport, merge: Merge) -> QueuedStream:
-        return QueuedStream(self, transport, merge, self._checks)
+        return QueuedStream(self, transport, merge)
 
     def close(self, timeout_s: float = 10.0) -> bool:
         """Send what is queued, then stop the threads. False if they did not finish within timeout_s."""
@@ -204,8 +206,6 @@ class ResponseLoop:
             if stream._final_queued:
                 return  # the stream has ended: a late send or error is dropped, never a second end
             stream._final_queued = item.final
-            if item.final:
-                stream._cancellation.close()  # nothing to stop once the final response is queued
             if stream._absorb(item):
                 return
             stream._waiting.append(item)
@@ -237,9 +237,13 @@ class ResponseLoop:
     def _run(self) -> None:
         while True:
             with self._lock:
-                while self._open and not (self._new or self._running):
+                while self._open and not (self._new or self._running or self._callbacks):
                     self._lock.wait()
-                taken = self._take()
+                callback = self._callbacks.popleft() if self._callbacks else None
+                taken = None if callback else self._take()
+            if callback is not None:
+                _run_callback(callback)
+                continue
             if taken is None:
                 return
             self._send_taken(*taken)
@@ -263,3 +267,11 @@ class ResponseLoop:
                 stream._queued = True
                 self._running.append(stream)
                 self._lock.notify()  # its producer may be a thread that does not send for itself
+
+
+def _run_callback(callback: Callable[[], None]) -> None:
+    """A cancelled stream's when_cancelled callback (it interrupts its generation)."""
+    try:
+        callback()
+    except Exception:  # noqa: BLE001 - the stream still ends; its producer sees is_cancelled()
+        log.exception("interrupting the generation of a cancelled stream failed")

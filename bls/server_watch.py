@@ -5,7 +5,7 @@ Triton launches each model's stub as its own child (the relay's Python processes
 ends a stub when tritonserver dies without unloading its model. The stub's own check (python_backend's pb_stub.cc,
 every 300 ms: kill(parent_pid, 0)) takes a dead parent that its own parent has not reaped yet (a zombie) for alive;
 when it does see the parent gone it destroys the model under a dead server (Python destructors that write to the
-server's shared memory: MetricFamily's crashes, bls.triton_io.Metrics.close). And a thread of the stub cannot do
+server's shared memory: MetricFamily's crashes, bls.triton_io.metrics.Metrics.close). And a thread of the stub cannot do
 better: a stub whose server died while it answered a request waits for the server forever holding the GIL
 (pb_stub.cc ProcessRequests -> SendIPCMessage retries its push to the parent's queue without end), so no Python
 thread of it runs again.

@@ -1,24 +1,25 @@
-"""How tensorrt_llm_bls receives requests, sends responses and reaches the engines: two transports, one per kind of
-repository, chosen once when the model loads (its `transport` parameter, written by `make repo`).
+"""How tensorrt_llm_bls receives requests, sends responses and reaches the engines: one transport per topology
+(engine_build/topology.py), chosen once when the model loads (its `transport` parameter, written by `make repo`).
 
-- RelayTransport (decoupled repositories where `make repo` built the relay, relay/): clients call the C++ model
-  tensorrt_llm_bls, which forwards each request to this Python model. Requests run on worker threads (bounded
-  admission: bls.request_pool), their responses go back to the relay as frames (bls.response_loop sends them,
-  merging what waits), engine streams go through the relay (bls.relay_engine); one-response calls
-  (preprocessing, postprocessing) are in-process `exec`.
-- InProcessTransport (RELAY=off, no C++ compiler, or DECOUPLED=false): this model is tensorrt_llm_bls itself, a
-  plain Python-backend model as NVIDIA's BLS is: each request is served to its end on the thread that called
-  `execute`, engine calls by `exec` (exec(decoupled=True) streams), responses by the stub's sends. Every pb_utils
-  call of the process is made on that one thread (metrics included): the stub is not safe against calls from
-  several threads, and its decoupled BLS deadlocks with two readers (bls.triton_io.InProcessModels says why).
-  Concurrency is the instance count, and Triton's queue bounds admission (max_queue_size in the model's
-  dynamic_batching).
+- RelayTransport (streaming repositories): clients call the C++ model tensorrt_llm_bls, which forwards each request
+  to this Python model. Requests run on worker threads (bounded admission: bls.request_pool), their responses go back
+  to the relay as frames (bls.response_loop sends them, merging what waits), engine streams go through the relay
+  (bls.relay_engine); one-response calls (preprocessing, postprocessing) are in-process `exec`. Cancellation, one
+  way: the relay sees the client leave and tells the connection that claimed the stream, which cancels the
+  request's sink; the request's engine calls are then cancelled through the relay (Triton's request cancellation,
+  which the tensorrtllm backend and the embedded engine both poll).
+- InProcessTransport (unary repositories, DECOUPLED=false): this model is tensorrt_llm_bls itself, a plain
+  Python-backend model as NVIDIA's BLS is: each request is served to its end on the thread that called `execute`,
+  every model call one `exec` with one response, the response one stub send. A unary request is not cancelled
+  half-way: its engine call is one response. Concurrency is the instance count, and Triton's queue bounds
+  admission (max_queue_size in the model's dynamic_batching).
 
 Neither needs the server's network endpoints.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -28,18 +29,19 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
-from bls.cancellation import PROCESS_CHECKS, CancellationChecks
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest
 from bls.relay import RelayConnection, RelayConnections, RelayedRequest
 from bls.relay_engine import RelayedEngineStreams
 from bls.request_pool import RequestPool
 from bls.response_loop import Merge, ResponseLoop
-from bls.triton_io import (
-    PB_LOCK, InProcessModels, RelayedSender, SafeSender, read_inputs, request_parameters, stop_request_inputs,
-)
+from bls.triton_io.children import InProcessModels
+from bls.triton_io.lock import PB_LOCK
+from bls.triton_io.requests import read_inputs, request_parameters
+from bls.triton_io.senders import RelayedSender, StubSender
 
 Tensors = dict[str, np.ndarray]
+log = logging.getLogger(__name__)
 # serve(inputs, request_id, sink, arrived): one request to its end; every response, the final one included, goes
 # through `sink`. `request_id` is unique per request (child requests are stopped by id); `arrived` is
 # time.monotonic() when Triton handed the request over.
@@ -51,8 +53,7 @@ SENDING_THREADS = 4
 
 
 def unique_request_id(triton_request_id: str) -> str:
-    """The id of a request's engine calls: the client's id, made unique (clients reuse ids; children are stopped by
-    id)."""
+    """The id of a request's engine calls: the client's id, made unique (clients reuse ids)."""
     suffix = uuid.uuid4().hex[:12]
     return f"{triton_request_id}-{suffix}" if triton_request_id else uuid.uuid4().hex
 
@@ -60,24 +61,16 @@ def unique_request_id(triton_request_id: str) -> str:
 class InProcessTransport:
     """Serves each request to its end on the calling thread: Triton's `execute` thread (see the module docstring)."""
 
-    def __init__(self, model_name: str, contract: ModelContract, decoupled: bool,
-                 after_send: Callable[[], None] = lambda: None, after_request: Callable[[], None] = lambda: None,
-                 checks: CancellationChecks = PROCESS_CHECKS):
-        """after_send(): run on this thread after each response is sent; after_request(): after each request (the
-        model's metrics are handed over there, every FLUSH_S and at each request's end: no other thread may make
-        pb_utils calls, and with no request coming nothing else would hand over the last one's)."""
+    def __init__(self, model_name: str, contract: ModelContract):
         self._model_name = model_name
         self._contract = contract
-        self._after_send = after_send
-        self._after_request = after_request
-        self._checks = checks
-        self.models = InProcessModels(decoupled_engines=decoupled)
-        self.row_pool: Executor | None = None  # a batch's rows one after another: streams on one thread only
+        self.models = InProcessModels()
+        self.row_pool: Executor | None = None  # a batch's rows one after another, on the execute thread
 
     def execute(self, requests: list[Any], serve: Serve) -> None:
         arrived = time.monotonic()
         for request in requests:
-            sink = DirectSink(SafeSender(request, self._model_name), self._checks, self._after_send)
+            sink = UnarySink(StubSender(request, self._model_name))
             try:
                 with PB_LOCK:
                     inputs = read_inputs(request, self._contract)
@@ -87,38 +80,30 @@ class InProcessTransport:
                 sink.send_error(error)
             finally:
                 sink.close()
-                self._after_request()
 
-    def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
-        """Unload: nothing to wait for or stop (both arguments are the relay transport's); every request ended
-        inside `execute`, which Triton never runs beside finalize. stop_running must not be called here: engine
-        streams are only read on the execute thread (finalize runs on it too: the stub's main thread)."""
-        self.models.release_read_iterators()
+    def close(self, wait_s: float) -> list[str]:
+        """Unload: nothing to wait for; every request ended inside `execute`, which Triton never runs beside
+        finalize."""
         return []
 
 
-class DirectSink:
-    """A request's responses, each sent through the stub at once; cancellation asked of Triton at the rate the
-    process's checks allow (bls.cancellation)."""
+class UnarySink:
+    """A unary request's one response, sent through the stub. Nothing cancels it half-way (module docstring)."""
 
-    def __init__(self, sender: SafeSender, checks: CancellationChecks, after_send: Callable[[], None]):
+    def __init__(self, sender: StubSender):
         self._sender = sender
-        self._cancellation = checks.poll(lambda: sender.is_cancelled(wait=True))
-        self._after_send = after_send
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
         self._sender.send(outputs, final)
-        self._after_send()
 
     def send_error(self, error: BaseException) -> None:
         self._sender.send_error(error)
 
     def is_cancelled(self) -> bool:
-        return self._sender.closed or self._cancellation()
+        return self._sender.closed
 
     def close(self) -> None:
         """The request has ended: the stream ends too if nothing ended it (no-op otherwise)."""
-        self._cancellation.close()
         self._sender.finish()
 
 
@@ -135,7 +120,7 @@ class RelayTransport:
         self._connection: RelayConnection | None = None
         self._connection_lock = threading.Lock()
         self.engine = RelayedEngineStreams(self._relay_connection)
-        self.models = RelayModels(InProcessModels(decoupled_engines=True), self.engine)
+        self.models = RelayModels(InProcessModels(), self.engine)
         self.requests = RequestPool(workers, queued, "bls")
         self.row_pool: Executor | None = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="bls-row")
 
@@ -145,13 +130,20 @@ class RelayTransport:
             with PB_LOCK:
                 relayed = RelayedRequest.from_parameters(request_parameters(request))
             if relayed is None:
-                SafeSender(request, self._model_name).send_error(InvalidRequest(
+                StubSender(request, self._model_name).send_error(InvalidRequest(
                     "model", f"this model serves only requests relayed by {self._model_name}: call {self._model_name}"))
                 continue
             connection = self.relays.get(relayed.socket_name)
             with self._connection_lock:
                 self._connection = connection
             sink = self.responses.open(RelayedSender(request, self._model_name, relayed, connection), self._merge)
+            try:
+                connection.claim(relayed, sink.cancel)  # the relay's word that the client has gone cancels the sink
+            except OSError as error:  # nothing this request sends can reach its client: it stops at its first check
+                connection.release(relayed.stream)
+                log.warning("%s: the relay cannot be reached (%s); request %s stops", self._model_name, error,
+                            relayed.stream)
+                sink.cancel()
             self.requests.submit(partial(self._serve, request, sink, serve, arrived), sink.send_error)
 
     def _serve(self, request: Any, sink: Any, serve: Serve, arrived: float) -> None:
@@ -176,11 +168,11 @@ class RelayTransport:
         with self.relays.corked():
             self.responses.send_waiting()
 
-    def close(self, wait_s: float, stop_running: Callable[[], None]) -> list[str]:
+    def close(self, wait_s: float) -> list[str]:
         """Unload: every queued and running request gets a final response (running ones up to wait_s to finish,
-        then `stop_running`), and what waits to be sent goes. Returns warnings for the log."""
+        then their engine calls are cancelled), and what waits to be sent goes. Returns warnings for the log."""
         warnings = []
-        cut_short = self.requests.shutdown(wait_s, stop_running)
+        cut_short = self.requests.shutdown(wait_s, self.engine.cancel_all)
         self.row_pool.shutdown(wait=False)
         if cut_short:
             warnings.append(f"unloading ended {cut_short} requests with an error")
@@ -208,7 +200,3 @@ class RelayModels:
     def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                     request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
         return self._engine.stream_each(model_name, inputs, outputs, request_id, on_response)
-
-    def stop(self, model_name: str, request_id: str) -> None:
-        for _ in self._engine.stream(model_name, stop_request_inputs(), ["output_ids"], request_id):
-            pass

@@ -34,7 +34,7 @@ TOKEN_LEN_BUCKETS = (10.0, 50.0, 100.0, 500.0, 1000.0)  # custom_metrics_reporte
 
 class BackendMetrics:
     """The families for one engine model; update() per engine iteration, request_finished() per request.
-    `metrics` is a bls.triton_io.Metrics: it batches the updates and serialises the pb_utils calls.
+    `metrics` is a bls.triton_io.metrics.Metrics: it batches the updates and serialises the pb_utils calls.
 
     An iteration only keeps its stats (one reference swapped); the gauges are set from the latest when Metrics
     hands its values over (every 0.1 s), as the C++ backend sets them every stats_check_period_ms: the engine's

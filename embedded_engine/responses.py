@@ -146,7 +146,7 @@ class ResponseAssembler:
 
 
 class ResponseSender(Protocol):
-    """The part of `bls.triton_io.SafeSender` the stream uses."""
+    """The part of `bls.triton_io.senders.StubSender` the stream uses."""
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
 

@@ -3,7 +3,7 @@
 Every iteration of the engine thread:
 1. admits queued sequences up to `max_active` (new ones join between steps, finished ones leave);
 2. ends sequences that were cancelled (`cancel(request_id)` or their `is_cancelled()` callable, called
-   every iteration; the model's callable asks Triton at most at bls.cancellation's rate, so a client
+   every iteration; the model's callable asks Triton at most at embedded_engine.cancellation's rate, so a client
    disconnect stops the work within that period; its KV cache is parked for reuse);
 3. advances every active sequence by one step: the prefill (prompt, plus draft tokens if any) for a new
    sequence, otherwise one decode step. So concurrent requests make progress together, one token each per

@@ -339,23 +339,19 @@ def main(argv: list[str] | None = None) -> int:
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
         p.add_argument("--bls-instances", type=int,
-                       help="tensorrt_llm_bls instances (default: relayed, one per 4 cores of this host, 1 to 8; "
-                            "in-process, one per core, 4 to 32)")
+                       help="tensorrt_llm_bls instances (default: streaming, one per 4 cores of this host, 1 to 8; "
+                            "unary, one per core, 4 to 32)")
         p.add_argument("--preprocessing-instances", type=int,
                        help="preprocessing instances (default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--postprocessing-instances", type=int,
                        help="postprocessing instances: the ensemble's per-token step (default: one per 2 cores of this "
                             "host, 1 to 16)")
         p.add_argument("--handoff-sender-threads", type=int,
-                       help="relayed repositories: threads re-sending the engine's responses to the ensemble "
-                            "(relay/handoff.h); 0: the ensemble calls the engine directly (default: one per 4 cores "
-                            "of this host, up to 8; 0 below 8 cores)")
+                       help="streaming repositories: threads re-sending the engine's responses to the ensemble "
+                            "(relay/handoff.h; default: one per 4 cores of this host, 1 to 8)")
         p.add_argument("--stream-interval", type=int, default=1,
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")
-        p.add_argument("--relay", choices=("auto", "on", "off"), default="auto",
-                       help="tensorrt_llm_bls's responses sent by a C++ relay (relay/, compiled here; decoupled "
-                            "repositories only): auto (default) when a C++ compiler is here, on (fail without), off")
         p.set_defaults(func=func)
 
     args = parser.parse_args(argv)

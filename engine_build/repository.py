@@ -24,6 +24,9 @@ from bls.artifact import MANIFEST, file_checksums
 from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, complete_modules, convert_lora_dir, \
     lora_cache_bytes, write_prefetch_dir
 from engine_build.render import render_model_config
+from engine_build.topology import (
+    BLS_MODEL, BLS_PYTHON_MODEL, DRAFT_MODEL, HANDOFF_MODEL, TARGET_MODEL, Topology, repository_topology,
+)
 from engine_build.trtllm_config import (
     FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
 )
@@ -40,14 +43,9 @@ CHECKPOINT_DIR = "checkpoint"
 # What a tokenizer directory (an HF checkpoint's, or build/assets/tokenizer) contributes: never the weights.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "tokenizer.model")
-TARGET_MODEL = "tensorrt_llm"
-DRAFT_MODEL = "tensorrt_llm_draft"
-BLS_MODEL = "tensorrt_llm_bls"
-BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
 RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
 RELAY_CONFIG = RELAY_DIR / "config.pbtxt"  # the relay model tensorrt_llm_bls, in front of the Python BLS
-# The ensemble's engine step where the relay is built: the engine's responses re-sent from threads of its own.
-HANDOFF_MODEL = "tensorrt_llm_handoff"
+# The ensemble's engine step in a streaming repository (engine_build/topology.py): the relay library's second role.
 HANDOFF_CONFIG = RELAY_DIR / "handoff.config.pbtxt"
 # The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
 # Beside tools/bench_models/, not in it: that folder is served whole as a repository of its own.
@@ -93,11 +91,10 @@ def default_postprocessing_instance_count(cpus: int | None = None) -> int:
 def default_handoff_sender_threads(cpus: int | None = None) -> int:
     """The handoff's sender threads (relay/handoff.h): each runs Triton's ensemble scheduling of the engine responses
     of the streams it serves, 65-85 µs a token all senders together on the 16-core host (docs/benchmarks.md). One per
-    4 cores of the building host, up to 8; none below 8 cores, where the ensemble calls the engine directly:
-    measured on 2 cores, one postprocessing instance caps the ensemble there and a handoff frees nothing (tok/s -9 %
-    to +8 %, up to 12 % more of tritonserver's CPU per token)."""
+    4 cores of the building host, 1 to 8: every streaming repository has a handoff, so the wiring CI tests is the one
+    a GPU host serves (only the thread count scales)."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return 0 if cpus < 8 else min(8, cpus // 4)
+    return max(1, min(8, cpus // 4))
 
 
 @dataclass(frozen=True)
@@ -116,8 +113,7 @@ class RepositorySettings:
     max_queue_size: int = 256
     preprocessing_instance_count: int = field(default_factory=lambda: default_preprocessing_instance_count())
     postprocessing_instance_count: int = field(default_factory=lambda: default_postprocessing_instance_count())
-    # Relayed repositories: the ensemble reaches the engine through the handoff with this many sender threads; 0:
-    # directly, as NVIDIA's ensemble does.
+    # Streaming repositories: the ensemble reaches the engine through the handoff with this many sender threads.
     handoff_sender_threads: int = field(default_factory=lambda: default_handoff_sender_threads())
     # How long a streamed token may wait in postprocessing's queue for others to batch with (its config says why).
     postprocessing_max_queue_delay_microseconds: int = 1000
@@ -142,16 +138,13 @@ class RepositorySettings:
     # serves clients that use unary RPCs (no streaming), e.g. inflight_batcher_llm_client.py without
     # --streaming and e2e_grpc_speculative_decoding_client.py.
     decoupled: bool = True
-    # The C++ relay in front of the Python BLS (relay/), decoupled repositories only. auto: when a C++
-    # compiler is here (the repository then needs none where it is served); on: fail without one; off: never.
-    relay: Literal["auto", "on", "off"] = "auto"
     synthetic: bool = False
     # Embedded engine: merge streamed tokens that wait for sending into one response (never on a GPU).
     merge_streamed_tokens: bool = False
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     engine_instance_count: int = 1  # > 1 only with synthetic (benchmark stand-ins): see embedded.config.pbtxt
-    # Synthetic only (the benchmark stand-in): the relay in front of the embedded engine too, where `relay` puts
-    # one in front of the BLS; the engine then runs as `<name>_python`, and its responses leave tritonserver from
+    # Synthetic only (the benchmark stand-in, streaming): the relay in front of the embedded engine too; the engine
+    # then runs as `<name>_python`, and its responses leave tritonserver from
     # C++, a step's back to back, as TensorRT-LLM's C++ backend sends them (from Python each costs the stub's send:
     # a step's responses trickle out over ms).
     engine_relay: bool = False
@@ -193,7 +186,10 @@ class RepositoryError(RuntimeError):
 def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     out = out.resolve()
     _prepare_output_dir(out, settings)
-    relayed = _use_relay(settings)
+    topology = repository_topology(settings)
+    relayed = topology.relayed
+    if relayed:
+        _require_compiler()
     if settings.bls_instance_count is None:
         settings = replace(settings, bls_instance_count=default_bls_instance_count(relayed))
     engine_models = [TARGET_MODEL] + ([DRAFT_MODEL] if settings.draft else [])
@@ -220,11 +216,10 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tokenizer_dir": TOKENIZER_DIR,
         "skip_special_tokens": settings.skip_special_tokens,
     })
-    handoff = relayed and settings.handoff_sender_threads > 0
     _write_model(out, "ensemble", vendored=(), values={
         "triton_max_batch_size": settings.triton_max_batch_size,
-        # Through the handoff, where there is one (relay/handoff.h says why).
-        "tensorrt_llm_model_name": HANDOFF_MODEL if handoff else TARGET_MODEL,
+        # Streaming: through the handoff (relay/handoff.h says why).
+        "tensorrt_llm_model_name": topology.ensemble_engine_step,
     })
     _write_model(out, BLS_PYTHON_MODEL if relayed else BLS_MODEL, source_name=BLS_MODEL,
                  contract_name=BLS_MODEL, tokenizer=settings.tokenizer_dir, values={
@@ -240,7 +235,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "tensorrt_llm_draft_model_name": DRAFT_MODEL if settings.draft else "",
         "max_draft_len": settings.max_draft_len if settings.draft else 0,
         "decoupled_mode": settings.decoupled,
-        "transport": "relay" if relayed else "in_process",
+        "transport": topology.bls_transport,
         "admission": _bls_admission(settings, relayed),
     })
     relay_library: Path | None = None  # compiled once; every relay-backend model gets a copy
@@ -252,7 +247,6 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         })
         relay_library = relay / "1" / RELAY_LIBRARY
         compile_relay(relay_library)
-    if handoff:
         handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
                                    contract_name=TARGET_MODEL, values={
             "model_name": HANDOFF_MODEL,
@@ -265,7 +259,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
 
-    _write_manifest(out, settings, adapters)
+    _write_manifest(out, settings, adapters, topology)
     return out
 
 
@@ -301,22 +295,14 @@ def _bls_admission(settings: RepositorySettings, relayed: bool) -> str:
             f"  default_queue_policy {{ max_queue_size: {settings.bls_max_queued_requests} }}\n}}")
 
 
-def _use_relay(settings: RepositorySettings) -> bool:
-    if settings.relay == "off" or not settings.decoupled:
-        return False
-    if can_compile_relay():
-        return True
-    if settings.relay == "on":
-        raise RepositoryError(f"RELAY=on needs a C++ compiler ({_compiler()}, CXX to choose another) to build "
-                              f"{RELAY_DIR.relative_to(PROJECT_ROOT)}/; install one (apt-get install g++, or clang) or "
-                              "build with RELAY=off")
-    engine = " (and the benchmark's stand-in engine: figures not comparable with docs/benchmarks.md's)" \
-        if settings.engine_relay else ""
-    print(f"[repo] WARNING: no C++ compiler ({_compiler()}): {BLS_MODEL} is built with the in-process transport"
-          f"{engine}: one request at a time per instance, every response a Python backend send (docs/design.md); "
-          "install g++ or clang++ (or set CXX) for the relay",
-          file=sys.stderr, flush=True)
-    return False
+def _require_compiler() -> None:
+    """A streaming repository's tensorrt_llm_bls and handoff are the relay (relay/), compiled here: stop, naming what
+    to install, where no C++ compiler is."""
+    if not can_compile_relay():
+        raise RepositoryError(
+            f"a streaming repository (DECOUPLED=true) needs a C++ compiler to build its relay ({RELAY_DIR.name}/): "
+            f"{_compiler()} not found; install one (apt-get install g++, or clang; CXX=... names another), or build "
+            "a unary repository with DECOUPLED=false (no relay, no streaming)")
 
 
 # The C++ compilers the relay builds with, in order: g++ where there is one, clang++ otherwise (the 26.07 image's
@@ -368,12 +354,14 @@ def compile_relay(library: Path) -> None:
         raise RepositoryError(f"compiling the relay (relay/) failed (exit {result.returncode}):\n{result.stderr}")
 
 
-def _write_manifest(out: Path, settings: RepositorySettings, adapters: list[ConvertedAdapter]) -> None:
+def _write_manifest(out: Path, settings: RepositorySettings, adapters: list[ConvertedAdapter],
+                    topology: Topology) -> None:
     """repository.json: the build settings (source paths on the build machine, for the record only: no config
     uses them), the versions it was built with, the models, the LoRA adapters (names, task ids, ranks, their prefetch
     folders relative to the engine's version folder), and a SHA-256 per file the models verify."""
     manifest = {key: (str(v.resolve()) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
     manifest["lora_adapters"] = [adapter.record for adapter in adapters]
+    manifest["topology"] = topology.record(settings)
     manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
     manifest["versions"] = {name: _version(name) for name in BUILT_WITH}
     manifest["files"] = file_checksums(out)

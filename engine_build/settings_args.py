@@ -6,10 +6,10 @@ from __future__ import annotations
 
 def bls_settings(args) -> dict:
     """The BLS's settings from the command line: --bls-instances if given (else RepositorySettings' host-sized
-    default), --stream-interval and --relay."""
+    default) and --stream-interval."""
     if args.stream_interval < 1:
         raise SystemExit(f"--stream-interval must be at least 1 (got {args.stream_interval})")
-    settings = {"stream_interval": args.stream_interval, "relay": args.relay}
+    settings = {"stream_interval": args.stream_interval}
     if args.bls_instances is None:
         return settings
     if args.bls_instances < 1:
@@ -31,10 +31,10 @@ def text_instance_settings(args) -> dict:
     """The ensemble's sizing from the command line, where given (else RepositorySettings' host-sized defaults):
     preprocessing's and postprocessing's instance counts and the handoff's sender threads."""
     settings = {}
-    # (option, settings key, the least it may be: no handoff is a choice, no postprocessing is not; the most)
+    # (option, settings key, the least it may be, the most)
     for option, key, least, most in (("preprocessing_instances", "preprocessing_instance_count", 1, None),
                                      ("postprocessing_instances", "postprocessing_instance_count", 1, None),
-                                     ("handoff_sender_threads", "handoff_sender_threads", 0, 256)):  # relay/backend.cc
+                                     ("handoff_sender_threads", "handoff_sender_threads", 1, 256)):  # relay/backend.cc
         count = getattr(args, option)
         if count is None:
             continue

@@ -3,7 +3,7 @@
 The request metrics (bls.llm_metrics: three histogram observations and three counter increments per finished BLS
 request) and the engine's (embedded_engine.metrics: two histogram observations per engine request, twenty gauges
 set per iteration) are recorded by a bench-only Python model (tools/bench_metrics_models/metrics_cost) through the
-production classes on bls.triton_io.Metrics, which hands them to tritonserver every 0.1 s; the model answers the
+production classes on bls.triton_io.metrics.Metrics, which hands them to tritonserver every 0.1 s; the model answers the
 CPU its stub spent, and tritonserver's share is read from /proc. Per token: per request / 128 tokens, per
 iteration / 16 sequences (one token each). The ensemble's handoff records the same request metrics in C++,
 in-process (atomic updates of prometheus-cpp metrics, no round trip): not measured here.

@@ -1,10 +1,11 @@
 """What tensorrt_llm_bls does for one request: preprocess, generate (plain or speculative), detokenize.
 
 Pure Python over two small interfaces, so it is unit-tested without Triton:
-- `ModelCaller`: calls other models (bls.transports picks the server's: in-process, or through the relay);
-- `ResponseSink`: sends responses and reports client cancellation (bls.transports: straight through the stub,
-  or `bls.response_loop.QueuedStream`, whose sends return at once and whose responses still waiting to go out
-  absorb later ones, see merge_streamed).
+- `ModelCaller`: calls other models (bls.transports picks the topology's: engine streams through the relay, or
+  one-response calls in-process);
+- `ResponseSink`: sends responses and reports client cancellation (bls.transports: `bls.response_loop.QueuedStream`,
+  whose sends return at once and whose responses still waiting to go out absorb later ones, see merge_streamed;
+  or one stub send for a unary request).
 
 Streaming sends the text added since the previous response (or, with accumulate_tokens, the whole text
 so far), produced by an incremental detokenizer: O(1) work per token, and the concatenated deltas are
@@ -13,8 +14,6 @@ exactly the non-streamed text.
 
 from __future__ import annotations
 
-import logging
-import threading
 import time
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
@@ -25,13 +24,12 @@ import numpy as np
 from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs, decode_utf8, refuse_deep_json
-from bls.errors import GenerationCancelled, InvalidRequest, ModelStepError
+from bls.errors import GenerationCancelled, InvalidRequest
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
 from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
-log = logging.getLogger(__name__)
 
 MULTIMODAL_INPUTS = ("image_input", "image_bytes_input", "image_url_input", "video_bytes_input")
 # What the BLS asks the engine for besides the tokens, by the input that asks for it. Only what the client
@@ -52,7 +50,7 @@ _PER_TOKEN_AXIS = {"output_log_probs": -1, "generation_logits": 2}
 
 
 class ModelCaller(Protocol):
-    """How the BLS calls other models (bls.transports: in-process, or engine streams through the relay)."""
+    """How the BLS calls other models (bls.transports: engine streams through the relay, or in-process)."""
 
     def infer(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
               request_id: str = "") -> Tensors: ...
@@ -63,10 +61,8 @@ class ModelCaller(Protocol):
     def stream_each(self, model_name: str, inputs: Mapping[str, np.ndarray], outputs: Iterable[str],
                     request_id: str, on_response: Callable[[Tensors], bool]) -> bool:
         """`on_response(response)` for each response, possibly on another thread; False from it cancels the
-        request. Returns when the stream has ended: False when on_response stopped it."""
-
-    def stop(self, model_name: str, request_id: str) -> None:
-        """Stop the engine generation of child `request_id` (a `stop` request). Raises ModelStepError."""
+        request. Returns when the stream has ended: False when on_response stopped it. Leaving early (an exception)
+        cancels the engine request too."""
 
 
 class ResponseSink(Protocol):
@@ -245,16 +241,6 @@ class TextGenerator:
         self.tokenizer = tokenizer
         self.observer = observer or GenerationObserver()
         self._row_pool = row_pool
-        # Engine generations running now (child request ids), so that unloading can stop them.
-        self._running_children: set[str] = set()
-        self._children_lock = threading.Lock()
-
-    def stop_running_engines(self) -> None:
-        """Stop every engine generation still running (unload): nothing keeps generating for nobody."""
-        with self._children_lock:
-            children = list(self._running_children)
-        for child_id in children:
-            self.stop_engine(self.config.engine_model, child_id)
 
     def generate(self, request: TextRequest, sink: ResponseSink, arrived: float | None = None) -> None:
         """Serve one request; every response (including the final one) goes through `sink`. `arrived`
@@ -330,13 +316,13 @@ class TextGenerator:
 
     def _stream_engine(self, request: TextRequest, engine_inputs: Tensors, child_id: str,
                        on_tokens: Callable[[list[int], Tensors], bool]) -> FinishReason:
-        """Plain generation. The engine always streams to us, so a cancelled client stops it between tokens."""
+        """Plain generation. A streaming engine streams to us, so a cancelled client stops it between tokens (the
+        ModelCaller cancels the engine request when we stop reading)."""
         inputs = dict(engine_inputs)
         inputs["streaming"] = np.array([[self.config.decoupled]])
         inputs["exclude_input_in_output"] = np.array([[True]])
         max_tokens = int(inputs["request_output_len"].reshape(-1)[0])
         generated = 0
-        finished = False
 
         def on_response(response: Tensors) -> bool:
             nonlocal generated
@@ -345,33 +331,15 @@ class TextGenerator:
             extra = {ENGINE_TO_TEXT[name]: value for name, value in response.items() if name in ENGINE_TO_TEXT}
             return on_tokens(tokens, extra)
 
-        with self._children_lock:
-            self._running_children.add(child_id)
         try:
             # Each response is handled where it is read (for most requests, the thread that reads every engine
             # stream of this process): nothing in on_tokens blocks, sends only queue (bls.response_loop).
             if not self.models.stream_each(self.config.engine_model, inputs, request.engine_outputs, child_id,
                                            on_response):
                 return FinishReason.CANCELLED
-            finished = True
             return FinishReason.LENGTH if generated >= max_tokens else FinishReason.STOP
         except GenerationCancelled:
             return FinishReason.CANCELLED
-        finally:
-            with self._children_lock:
-                self._running_children.discard(child_id)
-            if not finished:  # the client left, or sending/decoding failed: the engine must not go on alone
-                self.stop_engine(self.config.engine_model, child_id)
-
-    def stop_engine(self, model_name: str, child_id: str) -> None:
-        """Stop a child generation with a `stop` request for its id, the tensorrtllm backend's documented way.
-        A streamed child is also cancelled when its stream is closed; this covers engines that do not poll
-        cancellation and the unload path. Best effort: a failure is logged, never raised over the error that
-        brought us here."""
-        try:
-            self.models.stop(model_name, child_id)
-        except (ModelStepError, GenerationCancelled) as error:
-            log.warning("could not stop engine request %s: %s", child_id, error)
 
     # -- final outputs -----------------------------------------------------------------------------------
     def _final_text(self, request: TextRequest, pre: Tensors, row: int, result: RowResult) -> str:

@@ -1,11 +1,11 @@
-"""bls.cancellation: the asks of a process share one rate, so their cost follows the work, not the stream count."""
+"""embedded_engine.cancellation: the asks of a process share one rate, so their cost follows the work, not the stream count."""
 
 from __future__ import annotations
 
 import pytest
 
-from bls import cancellation
-from bls.cancellation import CancellationChecks
+from embedded_engine import cancellation
+from embedded_engine.cancellation import CancellationChecks
 
 
 class Clock:

@@ -47,7 +47,7 @@ def test_time_per_output_token(timing, expected):
 
 
 class _Recorder:
-    """Stands in for bls.triton_io.Metrics: records what each metric was given."""
+    """Stands in for bls.triton_io.metrics.Metrics: records what each metric was given."""
 
     def __init__(self):
         self.values: dict[tuple, list] = {}

@@ -8,7 +8,6 @@ import threading
 import numpy as np
 import pytest
 
-from bls.cancellation import CancellationChecks
 from bls.response_loop import ResponseLoop
 
 
@@ -28,8 +27,6 @@ class Transport:
     def __init__(self, name: str, log: list, gate: threading.Event | None = None, fail_at: int | None = None):
         self.name, self.log, self.gate, self.fail_at = name, log, gate, fail_at
         self.sending = threading.Event()
-        self.cancelled = False
-        self.cancel_checks = 0
         self.done = threading.Event()
         self.senders: list[str] = []  # the thread of each send
         self.order: list[tuple[str, str, str]] = []  # ("build" or "send", stream, text), as they happened
@@ -62,15 +59,10 @@ class Transport:
         self.log.append((self.name, f"error: {error}", True))
         self.done.set()
 
-    def is_cancelled(self, wait=False):
-        assert wait, "the sending thread's check must not be answered from an earlier one"
-        self.cancel_checks += 1
-        return self.cancelled
-
 
 @pytest.fixture()
 def loop():
-    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
+    loop = ResponseLoop()
     yield loop
     loop.close(5)
 
@@ -151,42 +143,29 @@ def test_a_failed_send_ends_that_stream_only(loop):
     assert healthy.done.wait(5)
 
 
-def test_cancellation_is_asked_by_the_loop_after_sends():
-    loop = ResponseLoop(checks=CancellationChecks(min_period_s=60.0))
+def test_after_a_cancellation_only_the_final_response_goes():
+    loop = ResponseLoop()
     try:
         log, gate = [], threading.Event()
         transport = Transport("a", log, gate)
         stream = loop.open(transport, join_texts)
         stream.send(text("a"))
         assert transport.sending.wait(5)  # "a" goes out alone; the client leaves while it is sent
-        transport.cancelled = True
+        stream.cancel()  # the relay's word, on the connection's reader thread
         for _ in range(100):
             stream.send(text("b"))
         stream.send(text("end"), final=True)
         gate.set()
         assert transport.done.wait(5)
         assert stream.is_cancelled()
-        assert transport.cancel_checks == 1, "at most once per period"
         assert log == [("a", "a", False), ("a", "end", True)], \
             "nothing but the final response after a cancellation, and that one still goes"
     finally:
         loop.close(5)
 
 
-def test_cancellation_is_not_asked_once_the_stream_has_ended():
-    """Each ask is a round trip to Triton: after the final response nothing is left to stop."""
-    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
-    try:
-        transport = Transport("a", [])
-        loop.open(transport, join_texts).send(text("all"), final=True)
-        assert transport.done.wait(5)
-        assert transport.cancel_checks == 0
-    finally:
-        loop.close(5)
-
-
 def test_several_sending_threads_keep_each_stream_in_order():
-    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0), threads=4)
+    loop = ResponseLoop(threads=4)
     try:
         log = []
         transports = [Transport(f"s{i}", log) for i in range(16)]
@@ -220,25 +199,22 @@ def test_close_sends_what_waits():
     assert log == [("a", "0", False), ("a", "1", True)]
 
 
-def test_a_gone_client_interrupts_its_producer_once():
-    """when_cancelled: the producer may be waiting for its engine's next response; the loop calls it at once."""
-    loop = ResponseLoop(checks=CancellationChecks(min_period_s=0.0))
+def test_a_gone_client_interrupts_its_producer_once_on_a_sending_thread():
+    """when_cancelled: the producer may be waiting for its engine's next response; cancel() (called with the relay
+    connection's lock held) only takes note, and a sending thread runs the callback at once."""
+    loop = ResponseLoop()
     try:
         transport = Transport("a", [])
         stream = loop.open(transport, join_texts)
-        interrupted = []
-        stream.when_cancelled(lambda: interrupted.append("now"))
-        transport.cancelled = True
-        stream.send(text("a"))
-        deadline = threading.Event()
-        for _ in range(500):
-            if interrupted:
-                break
-            deadline.wait(0.01)
-        stream.send(text("b"))
+        interrupted = threading.Event()
+        threads = []
+        stream.when_cancelled(lambda: (threads.append(threading.current_thread().name), interrupted.set()))
+        stream.cancel()
+        stream.cancel()  # told twice (a broken connection after the cancel frame): interrupted once
+        assert interrupted.wait(5)
         stream.send(text("end"), final=True)
         assert transport.done.wait(5)
-        assert interrupted == ["now"], "called once, when the loop learnt it"
+        assert threads == ["bls-send-0"], "called once, on the loop's thread"
         late = []
         stream.when_cancelled(lambda: late.append("now"))
         assert late == ["now"], "a callback registered after the cancellation runs at once"

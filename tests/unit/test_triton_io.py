@@ -1,7 +1,8 @@
-"""bls.triton_io against a small stand-in for `triton_python_backend_utils` (only available inside Triton)."""
+"""bls.triton_io's modules against a small stand-in for `triton_python_backend_utils` (only available inside Triton)."""
 
 from __future__ import annotations
 
+import importlib
 import sys
 import threading
 import time
@@ -23,9 +24,10 @@ class _Tensor:
 
 
 class _TritonError(Exception):
-    INVALID_ARG, INTERNAL, UNSUPPORTED, UNAVAILABLE = "INVALID_ARG", "INTERNAL", "UNSUPPORTED", "UNAVAILABLE"
+    # The Python backend's codes are TRITONSERVER_Error_Code's values (pb_utils.TritonError.INVALID_ARG == 3).
+    UNKNOWN, INTERNAL, NOT_FOUND, INVALID_ARG, UNAVAILABLE, UNSUPPORTED, ALREADY_EXISTS, CANCELLED = range(8)
 
-    def __init__(self, message, code="INTERNAL"):
+    def __init__(self, message, code=1):
         super().__init__(message)
         self._message, self._code = message, code
 
@@ -87,12 +89,24 @@ def triton_io():
     stub.TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
     stub.get_input_tensor_by_name = lambda request, name: request.tensors.get(name)
     sys.modules["triton_python_backend_utils"] = stub
-    sys.modules.pop("bls.triton_io", None)
-    import bls.triton_io as module
-
-    yield module
+    _forget_triton_io()
+    namespace = types.SimpleNamespace(pb_utils=stub)
+    for name in _MODULES:  # every public name of the package's modules, as the tests use them
+        module = importlib.import_module(f"bls.triton_io.{name}")
+        namespace.__dict__.update({key: value for key, value in vars(module).items() if not key.startswith("__")})
+    namespace.pb_utils = stub
+    yield namespace
     del sys.modules["triton_python_backend_utils"]
-    sys.modules.pop("bls.triton_io", None)
+    _forget_triton_io()
+
+
+_MODULES = ("lock", "requests", "responses", "senders", "children", "metrics")
+
+
+def _forget_triton_io():
+    """Drop the modules that imported the stand-in (or the real stub), so each test module imports them anew."""
+    for name in [name for name in sys.modules if name.startswith("bls.triton_io")] + ["bls.transports"]:
+        sys.modules.pop(name, None)
 
 
 class RecordingSender:
@@ -141,7 +155,7 @@ def test_required_inputs_are_enforced_even_with_optional_ones_present(triton_io)
 
 def test_the_stream_ends_exactly_once(triton_io):
     request = Request()
-    sender = triton_io.SafeSender(request, "m")
+    sender = triton_io.StubSender(request, "m")
     sender.send({"x": np.zeros(1)})
     sender.send({"x": np.zeros(1)}, final=True)
     sender.send_error(RuntimeError("late"))  # after FINAL: dropped, never a second end
@@ -159,7 +173,9 @@ def test_a_relayed_stream_finished_without_outputs_ends_with_a_final_frame(trito
     connections = RelayConnections()
     try:
         request = Request()
-        sender = triton_io.RelayedSender(request, "m", relay_end.relayed(4), connections.get(relay_end.name))
+        connection = connections.get(relay_end.name)
+        sender = triton_io.RelayedSender(request, "m", relay_end.relayed(4), connection)
+        connection.claim(relay_end.relayed(4), lambda: None)  # as the transport does: this connects
         relay_end.accept()
         sender.finish()
         sender.finish()  # closed: nothing more
@@ -174,10 +190,10 @@ def test_a_relayed_stream_finished_without_outputs_ends_with_a_final_frame(trito
 def test_errors_name_the_field_and_hide_tracebacks(triton_io):
     from bls.errors import InvalidRequest
 
-    sender = triton_io.SafeSender(request := Request(), "preprocessing")
+    sender = triton_io.StubSender(request := Request(), "preprocessing")
     sender.send_error(InvalidRequest("MESSAGES", "is not valid JSON"))
     ((response, flags),) = request.sender.sent
-    assert response.error.code() == "INVALID_ARG"
+    assert response.error.code() == _TritonError.INVALID_ARG
     assert flags == 1  # the error ends the stream (apart from it, Triton 2.51's ensemble leaked the request)
     assert response.error.message() == "MESSAGES: is not valid JSON"
 
@@ -186,14 +202,14 @@ def test_errors_name_the_field_and_hide_tracebacks(triton_io):
     except ZeroDivisionError as error:
         caught = error
     internal = triton_io.error_response(caught, "preprocessing")  # outside the except, as engine events are
-    assert internal.error.code() == "INTERNAL" and "Traceback" not in internal.error.message()
+    assert internal.error.code() == _TritonError.INTERNAL and "Traceback" not in internal.error.message()
     assert "Traceback" in _Logger.errors[-1]  # the traceback goes to the server log
 
 
 def test_is_cancelled_never_waits_for_a_send(triton_io):
     request = Request()
     request.sender.release.clear()
-    sender = triton_io.SafeSender(request, "m")
+    sender = triton_io.StubSender(request, "m")
     sending = threading.Thread(target=sender.send, args=({"x": np.zeros(1)},))
     sending.start()
     assert request.sender.sending.wait(5)
@@ -204,31 +220,11 @@ def test_is_cancelled_never_waits_for_a_send(triton_io):
     sending.join(5)
 
 
-def test_is_cancelled_with_wait_asks_even_while_a_send_is_in_progress(triton_io):
-    """The BLS's sending threads ask so: an answer from an earlier check kept gone clients' engines running."""
-    request = Request()
-    request.sender.release.clear()
-    sender = triton_io.SafeSender(request, "m")
-    assert not sender.is_cancelled()
-    sending = threading.Thread(target=sender.send, args=({"x": np.zeros(1)},))
-    sending.start()
-    assert request.sender.sending.wait(5)
-    request.sender.cancelled = True
-    assert not sender.is_cancelled(), "without wait: the previous answer while the send holds the stub"
-    answer = []
-    asking = threading.Thread(target=lambda: answer.append(sender.is_cancelled(wait=True)))
-    asking.start()
-    request.sender.release.set()
-    asking.join(5)
-    sending.join(5)
-    assert answer == [True]
-
-
 def test_only_requested_outputs_are_handed_to_the_stub(triton_io):
     """The stub drops the others with the GIL released, freeing Python objects without it (a libpython
     segfault under load): the sender leaves them out itself."""
     request = Request(requested_outputs=["text_output"])
-    sender = triton_io.SafeSender(request, "m")
+    sender = triton_io.StubSender(request, "m")
     sender.send({"text_output": np.array([b"hi"], dtype=object), "finish_reason": np.array([b"stop"], dtype=object),
                  "num_output_tokens": np.array([[1]], np.int32)}, final=True)
     (response, flags), = request.sender.sent
@@ -335,132 +331,46 @@ class _ChildResponse:
         return self._error
 
 
-class _ScriptedChildren:
-    """The stub's BLS calls: each request is recorded; a streamed one yields `script` responses lazily."""
-
-    def __init__(self, script):
-        self.script = script
-        self.requests = []  # (model, inputs, request_id, decoupled)
-        self.read = []  # responses read, per stream, in order
-
-    def request_class(self):
-        children = self
-
-        class InferenceRequest:
-            def __init__(self, model_name, inputs, requested_output_names, request_id=""):
-                self.model_name, self.request_id = model_name, request_id
-                self.inputs = {tensor.name(): tensor.as_numpy() for tensor in inputs}
-
-            def exec(self, decoupled=False):
-                children.requests.append((self.model_name, self.inputs, self.request_id, decoupled))
-                if "stop" in self.inputs:
-                    return iter([_ChildResponse()]) if decoupled else _ChildResponse()
-                if not decoupled:
-                    return _ChildResponse({"OUTPUT": np.array([b"x"], dtype=object)})
-                read = []
-                children.read.append(read)
-
-                def responses():
-                    for tokens in children.script:
-                        read.append(tokens)
-                        yield _ChildResponse({"output_ids": np.array([[tokens]], np.int32)})
-                return responses()
-
-        return InferenceRequest
-
-
 @pytest.fixture
 def children(triton_io, monkeypatch):
-    scripted = _ScriptedChildren([[1], [2], [3], [4]])
-    monkeypatch.setattr(triton_io.pb_utils, "InferenceRequest", scripted.request_class(), raising=False)
+    """The stub's BLS calls: each request recorded, answered by `answer(model, inputs)`."""
+    calls = []
+
+    class InferenceRequest:
+        def __init__(self, model_name, inputs, requested_output_names, request_id=""):
+            self.model_name, self.request_id = model_name, request_id
+            self.inputs = {tensor.name(): tensor.as_numpy() for tensor in inputs}
+
+        def exec(self, decoupled=False):
+            assert not decoupled, "streams never go through exec here (bls.triton_io.children)"
+            calls.append((self.model_name, self.request_id))
+            if self.model_name == "broken":
+                return _ChildResponse(error=_TritonError("engine: at capacity", _TritonError.UNAVAILABLE))
+            return _ChildResponse({"OUTPUT": np.array([b"x"], dtype=object)})
+
+    monkeypatch.setattr(triton_io.pb_utils, "InferenceRequest", InferenceRequest, raising=False)
     monkeypatch.setattr(triton_io.pb_utils, "get_output_tensor_by_name",
                         lambda response, name: _Tensor(name, response.tensors[name]) if name in response.tensors
                         else None, raising=False)
-    return scripted
+    return calls
 
 
-def test_in_process_streams_read_every_engine_response_in_order(triton_io, children):
-    models = triton_io.InProcessModels(decoupled_engines=True)
-    seen = []
-    assert models.stream_each("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "r-0",
-                              lambda tensors: seen.append(tensors["output_ids"].item()) or True)
-    assert seen == [1, 2, 3, 4]
-    assert children.requests == [("engine", children.requests[0][1], "r-0", True)]
-
-
-def test_leaving_an_in_process_stream_early_stops_the_engine_request_once_then_reads_what_is_left(triton_io, children):
-    models = triton_io.InProcessModels(decoupled_engines=True)
-    assert not models.stream_each("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "r-0",
-                                  lambda tensors: tensors["output_ids"].item() < 2)
-    stops = [(model, rid) for model, inputs, rid, _ in children.requests if "stop" in inputs]
-    assert stops == [("engine", "r-0")], "a stop request with the child's id"
-    assert children.read[0] == [[1], [2], [3], [4]], "the iterator is read to its end, never dropped unread"
-    models.stop("engine", "r-0")  # the generator's own stop after a cancelled stream: already done
-    assert len([1 for _, inputs, _, _ in children.requests if "stop" in inputs]) == 1
-    models.stop("engine", "r-1")  # a generation that was not left early: stopped now
-    assert [rid for _, inputs, rid, _ in children.requests if "stop" in inputs] == ["r-0", "r-1"]
-
-
-def test_in_process_streams_refuse_a_second_reading_thread(triton_io, children):
-    """exec(decoupled=True) from two threads of one stub can deadlock it (InProcessModels' docstring)."""
-    models = triton_io.InProcessModels(decoupled_engines=True)
-    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
-    errors = []
-
-    def other_thread():
-        try:
-            list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "b"))
-        except RuntimeError as error:
-            errors.append(error)
-
-    thread = threading.Thread(target=other_thread)
-    thread.start()
-    thread.join(5)
-    assert errors and "second thread" in str(errors[0])
-
-
-def test_non_decoupled_engines_answer_once_with_a_plain_exec(triton_io, children):
-    models = triton_io.InProcessModels(decoupled_engines=False)
+def test_unary_engines_answer_once_with_a_plain_exec(triton_io, children):
+    models = triton_io.InProcessModels()
     assert list(models.stream("post", {"TOKENS_BATCH": np.array([[[1]]], np.int32)}, ["OUTPUT"], "r")) == [
         {"OUTPUT": np.array([b"x"], dtype=object)}]
-    assert [decoupled for *_, decoupled in children.requests] == [False]
+    assert children == [("post", "r")]
 
 
-def test_read_iterators_are_dropped_on_the_streaming_thread_only_after_the_keep_time(triton_io, children, monkeypatch):
-    """The stub's cleanup thread must never hold the last reference to a response iterator (it drops it without the
-    GIL): ours is kept ITERATOR_KEEP_S, then dropped by the thread that streams."""
-    import gc
-    import weakref
+def test_a_child_error_keeps_its_triton_code_and_the_client_gets_it_by_code(triton_io, children):
+    """Classified by code alone: the message's words never decide (bls.errors.ModelStepError.client_code)."""
+    from bls.errors import ErrorCode, ModelStepError
 
-    models = triton_io.InProcessModels(decoupled_engines=True)
-    iterators = []
-    real = children.request_class()
-
-    class Recording(real):
-        def exec(self, decoupled=False):
-            result = super().exec(decoupled)
-            if decoupled:
-                iterators.append(weakref.ref(result))
-            return result
-
-    monkeypatch.setattr(triton_io.pb_utils, "InferenceRequest", Recording)
-    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
-    gc.collect()
-    assert iterators[0]() is not None, "kept after it was read"
-    monkeypatch.setattr(models, "ITERATOR_KEEP_S", 0.0)
-    time.sleep(0.01)
-    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "b"))
-    gc.collect()
-    assert iterators[0]() is None, "dropped by the next stream once the keep time has passed"
-
-
-def test_kept_iterators_are_dropped_at_unload(triton_io, children):
-    import gc
-    import weakref
-
-    models = triton_io.InProcessModels(decoupled_engines=True)
-    list(models.stream("engine", {"input_ids": np.array([[5]], np.int32)}, ["output_ids"], "a"))
-    kept = [weakref.ref(iterator) for _, iterator in models._read_iterators]
-    models.release_read_iterators()
-    gc.collect()
-    assert kept and all(ref() is None for ref in kept)
+    with pytest.raises(ModelStepError) as caught:
+        triton_io.InProcessModels().infer("broken", {"x": np.zeros(1)}, ["OUTPUT"], "r")
+    assert caught.value.code == ErrorCode.UNAVAILABLE
+    assert triton_io.error_status(caught.value, "m") == (ErrorCode.UNAVAILABLE, "broken: engine: at capacity")
+    for code, client in ((ErrorCode.INVALID_ARG, ErrorCode.INVALID_ARG), (ErrorCode.UNSUPPORTED, ErrorCode.UNSUPPORTED),
+                         (ErrorCode.NOT_FOUND, ErrorCode.INTERNAL), (ErrorCode.CANCELLED, ErrorCode.INTERNAL),
+                         (99, ErrorCode.INTERNAL)):
+        assert triton_io.error_status(ModelStepError("engine", "input_ids: at capacity", code), "m")[0] == client

@@ -18,9 +18,8 @@ from bls.contract import POSTPROCESSING  # noqa: E402
 from bls.text.postprocessing import Postprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io import (  # noqa: E402
-    check_shipped_files, error_response, make_response, model_parameters, parse_bool, read_inputs,
-)
+from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool, read_inputs  # noqa: E402
+from bls.triton_io.responses import error_response, make_response  # noqa: E402
 
 MODEL = "postprocessing"
 

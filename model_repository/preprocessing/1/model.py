@@ -15,7 +15,8 @@ from bls.lora_names import parse_adapter_table  # noqa: E402
 from bls.text.preprocessing import Preprocessor  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io import check_shipped_files, model_parameters, parse_bool, respond_to_each  # noqa: E402
+from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool  # noqa: E402
+from bls.triton_io.responses import respond_to_each  # noqa: E402
 
 MODEL = "preprocessing"
 

@@ -1,8 +1,9 @@
 """tensorrt_llm_bls: thin Triton adapter over bls.generation.generator.
 
 How requests arrive, responses leave and the engines are reached is the transport's (bls.transports), chosen once
-at load from the `transport` parameter `make repo` writes: "relay" (this model runs behind the C++ model
-tensorrt_llm_bls, under the name tensorrt_llm_bls_python) or "in_process" (this model is tensorrt_llm_bls).
+at load from the `transport` parameter `make repo` writes for the repository's topology (engine_build/topology.py):
+"relay" (streaming: this model runs behind the C++ model tensorrt_llm_bls, under the name tensorrt_llm_bls_python)
+or "in_process" (unary: this model is tensorrt_llm_bls).
 """
 
 import json
@@ -26,8 +27,10 @@ from bls.llm_metrics import GenerationMetrics, RequestTiming  # noqa: E402
 from bls.text.tokenizer import TokenizerBundle  # noqa: E402
 from bls.transports import InProcessTransport, RelayTransport  # noqa: E402
 from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io import (  # noqa: E402
-    PB_LOCK, Metrics, check_shipped_files, model_parameters, parse_bool, parse_positive_int,
+from bls.triton_io.lock import PB_LOCK  # noqa: E402
+from bls.triton_io.metrics import Metrics  # noqa: E402
+from bls.triton_io.requests import (  # noqa: E402
+    check_shipped_files, model_parameters, parse_bool, parse_positive_int,
 )
 
 MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the name in logs and metrics
@@ -59,9 +62,7 @@ class TritonPythonModel:
             decoupled=pb_utils.using_decoupled_model_transaction_policy(model_config),
         )
         transport = params.get("transport", "")
-        # In-process, every pb_utils call of the process is made on Triton's execute thread (bls.transports), the
-        # metrics' too: they are handed over as responses are sent.
-        self.metrics = Metrics(lock=PB_LOCK, flush_thread=transport == "relay")
+        self.metrics = Metrics(lock=PB_LOCK)
         if transport == "relay":
             if not self.config.decoupled:
                 raise ValueError(f"{MODEL}: transport relay needs a decoupled model (make repo DECOUPLED=true)")
@@ -71,9 +72,10 @@ class TritonPythonModel:
                 queued=parse_positive_int(params.get("max_queued_requests"), 256, "max_queued_requests"),
                 merge=partial(merge_streamed, accumulate=self.config.accumulate_tokens))
         elif transport == "in_process":
-            self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS, self.config.decoupled,
-                                                after_send=self.metrics.flush_due,
-                                                after_request=self.metrics.flush_now)
+            if self.config.decoupled:
+                raise ValueError(f"{MODEL}: a decoupled (streaming) model is served through the relay "
+                                 "(transport relay); in_process is for unary repositories (make repo DECOUPLED=false)")
+            self.transport = InProcessTransport(MODEL, TENSORRT_LLM_BLS)
         else:
             raise ValueError(f"{MODEL}: model parameter transport={transport!r} is neither relay nor in_process")
         pb_utils.Logger.log_info(f"{MODEL}: {transport} transport")
@@ -110,6 +112,6 @@ class TritonPythonModel:
     def finalize(self):
         """Every queued and running request gets a final response (running ones up to UNLOAD_WAIT_S to
         finish), and no engine generation is left running."""
-        for warning in self.transport.close(UNLOAD_WAIT_S, self.generator.stop_running_engines):
+        for warning in self.transport.close(UNLOAD_WAIT_S):
             pb_utils.Logger.log_warn(f"{MODEL}: {warning}")
         self.metrics.close()

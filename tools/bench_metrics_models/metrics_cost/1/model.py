@@ -11,7 +11,7 @@ import triton_python_backend_utils as pb_utils
 
 from bls.finish_reason import FinishReason
 from bls.llm_metrics import GenerationMetrics, RequestTiming
-from bls.triton_io import Metrics
+from bls.triton_io.metrics import Metrics
 from embedded_engine.metrics import BackendMetrics
 from embedded_engine.scheduler import IterationStats
 

@@ -1,4 +1,6 @@
-"""Asking whether a client is still there, at a bounded cost.
+"""The embedded engine's way of seeing Triton's request cancellation: asking whether a client is still there, at a
+bounded cost (as the tensorrtllm backend polls TRITONBACKEND_ResponseFactoryIsCancelled every
+cancellation_check_period_ms).
 
 Each answer from Triton is an IPC round trip from the model's stub to the server (tens of µs of CPU): too dear
 to pay for every token of every stream at GPU rates. Asking every stream once per period is not enough either:
@@ -9,8 +11,8 @@ that time (100 ms up to 50 streams per process, 128 ms at 64).
 
 MIN_PERIOD_S is the tensorrtllm backend's default cancellation_check_period_ms (100). It was 20 ms: with a stream
 getting a token every 20-40 ms (a GPU's pace), that was an ask after nearly every send, a second round trip per
-token (16 streams paced at 40 ms on 2 cores: the BLS's CPU a token 148-157 µs at 20 ms, 129-131 µs at 100 ms; the
-engine stand-in, which polls the same way, 144-156 -> 134-138 µs).
+token (16 streams paced at 40 ms on 2 cores: the engine stand-in's CPU a token 144-156 µs at 20 ms, 134-138 µs at
+100 ms; docs/benchmarks.md).
 """
 
 from __future__ import annotations
