@@ -44,7 +44,7 @@ from tools import (  # noqa: E402
     bench_aiperf, bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai,
     bench_pipeline, bench_speculative, bench_streaming,
 )
-from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
+from tools.bench_common import BenchContext, Row, default_client_processes, format_value  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: concurrencies of the runs with the engine paced like a GPU, comma-"
                              "separated (default 16,64,256: 256 streams are 6,400 tok/s at 40 ms a step, more than a "
                              "2-core host carries through the ensemble)")
+    parser.add_argument("--client-processes", type=int, default=default_client_processes(),
+                        help="the load's client processes (threads spread over them; one Python process tops out near "
+                             "a core); default one per 4 cores: %(default)s here")
     parser.add_argument("--aiperf-venv", type=Path, default=Path("build/venv-aiperf"),
                         help="section aiperf: the venv holding NVIDIA's AIPerf (`make bench` makes it)")
     args = parser.parse_args(argv)
@@ -139,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick,
                        engine_instances=args.engine_instances, bls_instances=args.bls_instances,
                        engine_step_ms=args.engine_step_ms, paced_streams=args.paced_streams,
-                       aiperf_venv=args.aiperf_venv)
+                       client_processes=args.client_processes, aiperf_venv=args.aiperf_venv)
     results: dict[str, dict] = {}
     failed = []
     try:
