@@ -105,6 +105,8 @@ run() {
         xz -dc "$payload/triton.tar.xz" | tar -xf - -C /tmp/devbench/site
         xz -dc "$payload/assets.tar.xz" | tar -xf - -C /tmp/devbench
         "$python" -c 'import numpy, transformers, tokenizers, psutil; print("numpy", numpy.__version__, "transformers", transformers.__version__)'
+        "$python" -c 'import torch; print("torch", torch.__version__, torch.zeros(2, dtype=torch.int32).numpy())' || true
+        command -v g++ || echo "no g++: no relay, the section measures the in-process transport"
     } >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; return 1; }
     # The bench process finds tritonserver as the wheel's (serving.tritonserver locates, never imports, pytriton);
     # the text models need only tokenizers (bls.text.without_torch), the stand-in engine imports torch itself.
