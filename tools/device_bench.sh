@@ -110,7 +110,11 @@ run() {
     } >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; return 1; }
     # The bench process finds tritonserver as the wheel's (serving.tritonserver locates, never imports, pytriton);
     # the text models need only tokenizers (bls.text.without_torch), the stand-in engine imports torch itself.
-    export PYTHONPATH=/tmp/devbench/site PYTHONUNBUFFERED=1 USE_TF=0 USE_FLAX=0 USE_JAX=0 PATH=/opt/torch/.venv/bin:$PATH
+    # transformers 4.57 with this host's torch 2.11 fails to import its generation module: the bench process (which
+    # builds the variants' xgrammar tokenizer info) and the stubs (which inherit its environment) go without.
+    export PYTHONPATH=/tmp/devbench/site PYTHONUNBUFFERED=1 USE_TORCH=0 USE_TF=0 USE_FLAX=0 USE_JAX=0 \
+        PATH=/opt/torch/.venv/bin:$PATH
+    write_section_driver /tmp/devbench/run_section.py
     local tree
     for tree in before after; do
         local dir=/tmp/devbench/trees/$tree
@@ -134,13 +138,64 @@ run() {
         fi
         n=$((n + 1))
         local run_began=$SECONDS
-        (cd "/tmp/devbench/trees/$tree" && timeout $((left > 30 ? left - 10 : 30)) "$python" -m tools.bench \
-            --repo build/model_repository --only streaming --out "/tmp/devbench/out-$n" "${bench_args[@]}") \
+        local bench=(-m tools.bench --only streaming)
+        # A tree whose tools.bench imports every section's module (before 09d727c) needs the other sections'
+        # packages (tritonclient, ...), which this host lacks: the section's run() through the driver instead.
+        grep -q "import_module" "/tmp/devbench/trees/$tree/tools/bench.py" || bench=(/tmp/devbench/run_section.py)
+        (cd "/tmp/devbench/trees/$tree" && timeout $((left > 30 ? left - 10 : 30)) "$python" "${bench[@]}" \
+            --repo build/model_repository --out "/tmp/devbench/out-$n" "${bench_args[@]}") \
             >"$out/run$n-$tree.txt" 2>&1 || echo "run $n ($tree) failed: $out/run$n-$tree.txt"
         local took=$((SECONDS - run_began))
         [ $took -gt $longest ] && longest=$took
         echo "run $n ($tree): $took s"
     done
+}
+
+write_section_driver() {
+    cat >"$1" <<'PYTHON'
+"""Section streaming of a tree whose tools.bench imports every section: its run() and the table as tools.bench
+prints it, with tools.bench's options for the section (those the tree's BenchContext has)."""
+import argparse
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, ".")
+from tools import bench_streaming  # noqa: E402
+from tools.bench_common import BenchContext, format_value  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--repo", type=Path, required=True)
+parser.add_argument("--out", type=Path, required=True)
+parser.add_argument("--quick", action="store_true")
+parser.add_argument("--engine-instances", type=int, default=1)
+parser.add_argument("--bls-instances", type=int)
+parser.add_argument("--engine-step-ms", type=float, default=0.0)
+parser.add_argument("--paced-streams", default="16,64,256")
+parser.add_argument("--client-processes", type=int)
+args = parser.parse_args()
+options = dict(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick, engine_instances=args.engine_instances,
+               bls_instances=args.bls_instances, engine_step_ms=args.engine_step_ms,
+               paced_streams=tuple(int(n) for n in args.paced_streams.split(",")))
+if args.client_processes:
+    options["client_processes"] = args.client_processes
+fields = {field.name for field in dataclasses.fields(BenchContext)}
+ctx = BenchContext(**{name: value for name, value in options.items() if name in fields})
+began = time.monotonic()
+try:
+    rows = bench_streaming.run(ctx)
+finally:
+    ctx.stop_server()
+cells = [("metric", "target", "measured", "unit", "status")] + [
+    (row.metric, str(row.target) if row.target else "-", format_value(row.measured), row.unit, row.status) for row in rows]
+widths = [max(len(line[i]) for line in cells) for i in range(5)]
+print(f"== 2. streaming vs the engine floor (run_section.py) ({time.monotonic() - began:.0f} s) ==")
+for n, line in enumerate(cells):
+    print("  ".join(v.rjust(w) if i in (1, 2) else v.ljust(w) for i, (v, w) in enumerate(zip(line, widths))).rstrip())
+    if n == 0:
+        print("  ".join("-" * w for w in widths))
+PYTHON
 }
 
 case "${1:-}" in
