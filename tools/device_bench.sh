@@ -144,7 +144,12 @@ run() {
         grep -q "import_module" "/tmp/devbench/trees/$tree/tools/bench.py" || bench=(/tmp/devbench/run_section.py)
         (cd "/tmp/devbench/trees/$tree" && timeout $((left > 30 ? left - 10 : 30)) "$python" "${bench[@]}" \
             --repo build/model_repository --out "/tmp/devbench/out-$n" "${bench_args[@]}") \
-            >"$out/run$n-$tree.txt" 2>&1 || echo "run $n ($tree) failed: $out/run$n-$tree.txt"
+            >"$out/run$n-$tree.txt" 2>&1 || {
+            echo "run $n ($tree) failed: $out/run$n-$tree.txt"
+            # The server's errors (a model that failed to load says why only in its log).
+            { echo "--- errors in the server logs:"; grep -hvE "^I[0-9]{4} |^W[0-9]{4} |^[|+]" /tmp/devbench/out-$n/logs/*.log |
+                grep -vE "^\s*$" | head -80; } >>"$out/run$n-$tree.txt" 2>&1 || true
+        }
         local took=$((SECONDS - run_began))
         [ $took -gt $longest ] && longest=$took
         echo "run $n ($tree): $took s"
