@@ -9,7 +9,8 @@
 #            another worktree: the tool sends the session's checkout), ignored through .git/info/exclude: Triton
 #            2.51 from the nvidia-pytriton wheel trimmed to the server, the Python backend and its 3.12 stub (the
 #            host has Python 3.12, no package index); the packages the models need in the host's venv (numpy 1.26:
-#            2.51's Python backend breaks with numpy 2; transformers 4.57.3 and its hub; tokenizers; psutil); the
+#            2.51's Python backend breaks with numpy 2; transformers 4.57.3 and its hub; tokenizers; psutil; xgrammar
+#            0.2.8 and what it imports: the engine builds its grammar compiler at load); the
 #            tokenizer and the tiny target's config.json (the synthetic engine loads no weights); and
 #            `git archive` tarballs of BEFORE_REV, and of AFTER_REV where given (none: the sent checkout itself is
 #            "after"). About 50 MiB of the 64 a call may carry.
@@ -56,13 +57,16 @@ prepare() {
     tar -C "$stage/site" -cf - . | xz -6 -T0 >"$payload/triton.tar.xz"
     # The host's venv: numpy and transformers unpacked and xz'd (half their wheels' size), the small ones as wheels.
     python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
-        --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        --platform manylinux_2_12_x86_64 --platform manylinux2010_x86_64 -d "$stage/wheels" \
-        numpy==1.26.4 transformers==4.57.3 tokenizers==0.22.1 huggingface_hub==0.36.2 psutil==7.1.3
+        --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_24_x86_64 \
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_12_x86_64 \
+        --platform manylinux2010_x86_64 -d "$stage/wheels" \
+        numpy==1.26.4 transformers==4.57.3 tokenizers==0.22.1 huggingface_hub==0.36.2 psutil==7.1.3 \
+        xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 \
+        typing_inspection==0.4.5
     mkdir -p "$stage/unpacked" "$payload/wheels"
     (cd "$stage/unpacked" && for wheel in "$stage"/wheels/numpy-*.whl "$stage"/wheels/transformers-*.whl; do
         unzip -q -o "$wheel"; done && rm -rf numpy/*/tests numpy/tests && tar -cf - . | xz -6 -T0 >"$payload/packages.tar.xz")
-    cp "$stage"/wheels/tokenizers-*.whl "$stage"/wheels/huggingface_hub-*.whl "$stage"/wheels/psutil-*.whl "$payload/wheels/"
+    find "$stage/wheels" -name "*.whl" ! -name "numpy-*" ! -name "transformers-*" -exec cp {} "$payload/wheels/" \;
     # The tokenizer and the target's config.json, from `make repo`'s assets.
     mkdir -p "$stage/assets/target"
     cp -r "$root/build/assets/tokenizer" "$stage/assets/"
@@ -104,7 +108,7 @@ run() {
         rm -rf /tmp/devbench && mkdir -p /tmp/devbench/site /tmp/devbench/trees
         xz -dc "$payload/triton.tar.xz" | tar -xf - -C /tmp/devbench/site
         xz -dc "$payload/assets.tar.xz" | tar -xf - -C /tmp/devbench
-        "$python" -c 'import numpy, transformers, tokenizers, psutil; print("numpy", numpy.__version__, "transformers", transformers.__version__)'
+        "$python" -c 'import numpy, transformers, tokenizers, psutil, xgrammar; print("numpy", numpy.__version__, "transformers", transformers.__version__, "xgrammar", xgrammar.__version__)'
         "$python" -c 'import torch; print("torch", torch.__version__, torch.zeros(2, dtype=torch.int32).numpy())' || true
         command -v g++ || echo "no g++: no relay, the section measures the in-process transport"
     } >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; return 1; }
