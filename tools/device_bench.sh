@@ -22,9 +22,11 @@
 #            (default 540 s; one call may run 600). Each run's tables go to $OUT/runN-<tree>.txt as it ends, the
 #            set-up's log to $OUT/setup.log.
 #
-# BENCH ARGS default to what fits two runs of each tree in one call on 16 cores: --quick --engine-instances 6
-# --paced-streams 64 (the throughput runs at 1/16/64/256 streams, the interval runs, 64 streams paced like a GPU,
-# the stub send floor).
+# BENCH ARGS default to --quick --engine-instances 6 --paced-streams 64 (the throughput runs at 1/16/64/256 streams,
+# the interval runs, 64 streams paced like a GPU, the stub send floor): ~210 s a run on the 16-core host, so one call
+# (set-up ~45 s) holds one before / after pair; a second call gives the pair in the other order (after, before:
+# `prepare` with the revisions swapped). A tree whose tools.bench still imports every section (before 09d727c) runs
+# the section through a driver written here (run_section.py), with its own client (one process, threads).
 set -euo pipefail
 
 PAYLOAD_NAME=.devbench
@@ -108,7 +110,7 @@ run() {
         rm -rf /tmp/devbench && mkdir -p /tmp/devbench/site /tmp/devbench/trees
         xz -dc "$payload/triton.tar.xz" | tar -xf - -C /tmp/devbench/site
         xz -dc "$payload/assets.tar.xz" | tar -xf - -C /tmp/devbench
-        "$python" -c 'import numpy, transformers, tokenizers, psutil, xgrammar; print("numpy", numpy.__version__, "transformers", transformers.__version__, "xgrammar", xgrammar.__version__)'
+        "$python" -c 'import importlib.metadata, numpy, transformers, tokenizers, psutil, xgrammar; print("numpy", numpy.__version__, "transformers", transformers.__version__, "xgrammar", importlib.metadata.version("xgrammar"))'
         "$python" -c 'import torch; print("torch", torch.__version__, torch.zeros(2, dtype=torch.int32).numpy())' || true
         command -v g++ || echo "no g++: no relay, the section measures the in-process transport"
     } >"$out/setup.log" 2>&1 || { cat "$out/setup.log"; return 1; }
