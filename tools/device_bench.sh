@@ -24,8 +24,8 @@
 #
 # BENCH ARGS default to --quick --engine-instances 6 --paced-streams 64 (the throughput runs at 1/16/64/256 streams,
 # the interval runs, 64 streams paced like a GPU, the stub send floor): ~210 s a run on the 16-core host, so one call
-# (set-up ~45 s) holds one before / after pair; a second call gives the pair in the other order (after, before:
-# `prepare` with the revisions swapped). A tree whose tools.bench still imports every section (before 09d727c) runs
+# (set-up ~45 s) holds one before / after pair; a second call gives the pair in the other order with
+# `DEVBENCH_ORDER="after before" bash .devbench/device_bench.sh run .devbench`. A tree whose tools.bench still imports every section (before 09d727c) runs
 # the section through a driver written here (run_section.py), with its own client (one process, threads).
 set -euo pipefail
 
@@ -136,7 +136,7 @@ run() {
     done
     echo "set-up: $((SECONDS - began)) s" | tee -a "$out/setup.log"
     # before, after, after, before, before, after: each pair in both orders.
-    local order=(before after after before before after) longest=0 n=0
+    local order=(${DEVBENCH_ORDER:-before after after before before after}) longest=0 n=0
     for tree in "${order[@]}"; do
         local left=$((budget_s - (SECONDS - began)))
         if [ $n -gt 0 ] && [ $left -lt $((longest + longest / 5)) ]; then
