@@ -129,8 +129,8 @@ def _client_rows(label: str, runs: dict[str, LoadRun]) -> list[Row]:
                         "cores"))
         rows.append(Row(f"{label}: client CPU, {name} run, busiest process", run.busiest_client_cores, "cores",
                         CLIENT_PROCESS_TARGET))
-        rows.append(Row(f"{label}: client CPU per token, {name} run", run.client_cpu_s / (STREAM_TOKENS * len(run.results))
-                        * 1e6, "µs"))
+        tokens = STREAM_TOKENS * len(run.results)
+        rows.append(Row(f"{label}: client CPU per token, {name} run", run.client_cpu_s / tokens * 1e6, "µs"))
     return rows
 
 
