@@ -178,7 +178,8 @@ def server_command(
 # (evthr_defer, third_party libevhtp/thread.c); when the socket is full the command is dropped and Triton does not
 # check (src/http_server.cc): that stream's start, next event or end never goes out, and the client hangs. The
 # socket holds ~278 commands with the kernel's default net.core.wmem_default (212992); a 10-minute soak saw 93
-# dropped in two bursts, with 4 hung streams (docs/operations.md). 4 MiB makes it ~5,400.
+# dropped in two bursts, with 4 hung streams (docs/benchmarks.md, "HTTP responses dropped under load: how it
+# was found"). 4 MiB makes it ~5,400.
 EVTHR_COMMAND_BYTES = 17
 RECOMMENDED_WMEM_DEFAULT = 4 << 20
 MIN_HTTP_QUEUE = 5000  # commands; below it serve and soak warn

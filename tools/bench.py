@@ -26,6 +26,7 @@ its numbers are noisier and not the ones to report.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -34,41 +35,39 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # Before torch is imported (sections load it in-process): busy-waiting OpenMP threads would take the
 # cores from the server being measured.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tools import (  # noqa: E402
-    bench_aiperf, bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai,
-    bench_pipeline, bench_speculative, bench_streaming,
-)
-from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
+from tools.bench_common import BenchContext, Row, default_client_processes, format_value  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Section:
+    """A section's module is tools.bench_<name>, imported only when the section runs: `--only streaming` needs
+    no package of the other sections (a GPU host's bare Python runs it)."""
+
     name: str
     title: str
-    run: Callable[[BenchContext], list[Row]]
+
+    def run(self, ctx: BenchContext) -> list[Row]:
+        return importlib.import_module(f"tools.bench_{self.name}").run(ctx)
 
 
 SECTIONS = (
-    Section("pipeline", "1. preprocessing and ensemble (synthetic engine)", bench_pipeline.run),
-    Section("streaming", "2. streaming vs the engine floor (synthetic engine, one response per token)",
-            bench_streaming.run),
-    Section("detokenizer", "3. detokenizer: per-token cost vs output length", bench_detokenizer.run),
-    Section("bls", "4. tensorrt_llm_bls streams: correctness and flat cost (synthetic engine)", bench_bls.run),
-    Section("speculative", "5. speculative decoding (real default repository)", bench_speculative.run),
-    Section("awq", "6. AWQ int4 quality vs the unquantised model", bench_awq.run),
-    Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)",
-            bench_guided.run),
-    Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)", bench_openai.run),
-    Section("metrics", "9. metrics: cost per generated token (bench model, production classes)", bench_metrics.run),
-    Section("lora", "10. LoRA adapters: mixed-adapter batch vs none (embedded engine, in-process)", bench_lora.run),
+    Section("pipeline", "1. preprocessing and ensemble (synthetic engine)"),
+    Section("streaming", "2. streaming vs the engine floor (synthetic engine, one response per token)"),
+    Section("detokenizer", "3. detokenizer: per-token cost vs output length"),
+    Section("bls", "4. tensorrt_llm_bls streams: correctness and flat cost (synthetic engine)"),
+    Section("speculative", "5. speculative decoding (real default repository)"),
+    Section("awq", "6. AWQ int4 quality vs the unquantised model"),
+    Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)"),
+    Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)"),
+    Section("metrics", "9. metrics: cost per generated token (bench model, production classes)"),
+    Section("lora", "10. LoRA adapters: mixed-adapter batch vs none (embedded engine, in-process)"),
     Section("aiperf", "11. NVIDIA's AIPerf vs the section's own client through the OpenAI-compatible API (synthetic "
-            "engine paced like a GPU)", bench_aiperf.run),
+            "engine paced like a GPU)"),
 )
 
 
@@ -130,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming: concurrencies of the runs with the engine paced like a GPU, comma-"
                              "separated (default 16,64,256: 256 streams are 6,400 tok/s at 40 ms a step, more than a "
                              "2-core host carries through the ensemble)")
+    parser.add_argument("--client-processes", type=int, default=default_client_processes(),
+                        help="the load's client processes (threads spread over them; one Python process tops out near "
+                             "a core); default one per 4 cores: %(default)s here")
     parser.add_argument("--aiperf-venv", type=Path, default=Path("build/venv-aiperf"),
                         help="section aiperf: the venv holding NVIDIA's AIPerf (`make bench` makes it)")
     args = parser.parse_args(argv)
@@ -139,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = BenchContext(repo=args.repo, work_dir=args.out.resolve(), quick=args.quick,
                        engine_instances=args.engine_instances, bls_instances=args.bls_instances,
                        engine_step_ms=args.engine_step_ms, paced_streams=args.paced_streams,
-                       aiperf_venv=args.aiperf_venv)
+                       client_processes=args.client_processes, aiperf_venv=args.aiperf_venv)
     results: dict[str, dict] = {}
     failed = []
     try:

@@ -10,6 +10,11 @@ Benchmarks). Each client streams STREAM_TOKENS tokens, ROUNDS times; the floor i
 from `tensorrt_llm` directly (the engine hop alone). The figure that matters is the ratio to that floor; CPU µs
 per streamed token per process says where time goes.
 
+The clients are threads spread over several client processes (BenchContext.client_processes, one per 4 cores unless
+`--client-processes` says otherwise; tools.bench_common.run_clients): one Python process tops out near a core. Every
+run's figures stand beside what the clients cost: their cores used together, the busiest client process's share of
+a core (target <= CLIENT_PROCESS_TARGET: above it, the client may be what was measured), and their CPU per token.
+
 Unpaced, every client starts at once (a burst of arrivals), and the stand-in generates as fast as the CPU lets
 it, faster than its own responses go out, so a new stream's first token waits behind queued responses (the
 engine alone's first token p50 is printed beside the BLS's). Time to first token is therefore also measured in
@@ -35,11 +40,8 @@ from __future__ import annotations
 
 import shutil
 import subprocess
-import threading
 import time
 from pathlib import Path
-
-import numpy as np
 
 from engine_build.repository import engine_is_relayed, relay_include_dir
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
@@ -66,6 +68,9 @@ BLS_CPU_TARGET = Target("<=", 60)
 # first token p50 <= 150 ms at 64 streams paced like a GPU.
 ENSEMBLE_RATIO_TARGET = {64: Target(">=", 0.6), 256: Target(">=", 0.6)}
 ENSEMBLE_TTFT_TARGET = Target("<=", 150)
+# Not the client's figure: the busiest client process's share of a core during a run (one Python interpreter, threads).
+CLIENT_PROCESS_TARGET = Target("<=", 0.8)
+MODEL_NAMES = {"tensorrt_llm": "engine alone", "tensorrt_llm_bls": "BLS", "ensemble": "ensemble"}
 # The ensemble's processes, by the prefix of their names in testkit.processes.cpu_seconds.
 ENSEMBLE_STEPS = (("preprocessing", "preprocessing_"), ("postprocessing", "postprocessing_"))
 
@@ -114,6 +119,21 @@ def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1
                        **({"bls_instance_count": ctx.bls_instances} if ctx.bls_instances else {}))
 
 
+def _client_rows(label: str, runs: dict[str, LoadRun]) -> list[Row]:
+    """What the clients cost in each run, beside its figures: every client process's CPU together (cores, and µs
+    per streamed token), and the busiest process's share of a core."""
+    rows = []
+    for model, run in runs.items():
+        name = MODEL_NAMES[model]
+        rows.append(Row(f"{label}: client CPU, {name} run ({run.client_processes} processes)", run.client_cores,
+                        "cores"))
+        rows.append(Row(f"{label}: client CPU, {name} run, busiest process", run.busiest_client_cores, "cores",
+                        CLIENT_PROCESS_TARGET))
+        tokens = STREAM_TOKENS * len(run.results)
+        rows.append(Row(f"{label}: client CPU per token, {name} run", run.client_cpu_s / tokens * 1e6, "µs"))
+    return rows
+
+
 def _first_token_p50_ms(run: LoadRun) -> float:
     return percentile([trace.first_event_s * 1000 for trace in run.results], 50)
 
@@ -155,9 +175,9 @@ def _stub_send_rows(ctx: BenchContext) -> list[Row]:
     for model, backend in models:
         session.generate_stream(model, {"n": [100], "tensors": [1]})  # warm-up
         for tensors, what in ((1, "one output tensor (text_output)"), (2, "two output tensors (+ num_output_tokens)")):
-            before = cpu_seconds(server.process.pid)
+            before, client_before = cpu_seconds(server.process.pid), time.process_time()
             trace = session.generate_stream(model, {"n": [count], "tensors": [tensors]})
-            after = cpu_seconds(server.process.pid)
+            after, client_cpu_s = cpu_seconds(server.process.pid), time.process_time() - client_before
             if len(trace.arrivals) != count:
                 raise RuntimeError(f"{model} sent {count} responses, the client received {len(trace.arrivals)}")
             spent = {name: (after[name] - before.get(name, 0.0)) / count * 1e6 for name in after}
@@ -166,6 +186,8 @@ def _stub_send_rows(ctx: BenchContext) -> list[Row]:
                                 spent["stub_send_0_0"], "µs"))
             rows.append(Row(f"{backend}: tritonserver's CPU per streamed response, {what}", spent["tritonserver"],
                             "µs"))
+            rows.append(Row(f"{backend}: client CPU per streamed response, {what} (one stream, this process)",
+                            client_cpu_s / count * 1e6, "µs"))
     if len(models) == 1:
         print("send_cpp skipped: no g++ on PATH to build tools/bench_models/send_cpp/send_cpp.cc", flush=True)
     session.close()
@@ -196,17 +218,20 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
     server = ctx.server(repo)
     bodies = _bodies(server.http_url)
     for model in MODELS:  # warm-up
-        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])
+        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m], processes=ctx.client_processes)
     # 0: the stand-in generates as fast as the CPU lets it, ahead of its own sending (responses queue, and a
     # stream's tokens leave in bursts); > 0: it also waits for its sending (embedded_engine/responses.py).
     rows: list[Row] = [Row("throughput runs: engine step (0: unpaced, runs ahead of its sending)",
                            ctx.engine_step_ms, "ms"),
                        Row("stand-in engine behind a relay (sends from C++, as the C++ backend)",
-                           engine_is_relayed(repo))]
+                           engine_is_relayed(repo)),
+                       Row("client processes at most (the streams split across them)", ctx.client_processes, "")]
     for clients in CONCURRENCY:
         # A lone stream runs more rounds: CPU times tick in 10 ms, too coarse for one stream's few thousand tokens.
         rounds = (1 if ctx.quick else 2) * (8 if clients == 1 else 1)
-        runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m]) for model in MODELS}
+        runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m],
+                                   processes=ctx.client_processes)
+                for model in MODELS}
         floor = _tokens_per_s(runs["tensorrt_llm"])
         rows.append(Row(f"{clients:>3} streams: engine alone (floor)", floor, "tok/s"))
         for model, label in (("tensorrt_llm_bls", "BLS"), ("ensemble", "ensemble")):
@@ -234,9 +259,8 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, engine (BLS run; Python + its relay)",
                         _engine_cpu_us_per_token(bls), "µs"))
-        rows.append(Row(f"{clients:>3} streams: CPU per token, client (BLS run)",
-                        bls.client_cpu_s / (STREAM_TOKENS * len(bls.results)) * 1e6, "µs"))
         rows += _ensemble_cpu_rows(f"{clients:>3} streams", runs["ensemble"])
+        rows += _client_rows(f"{clients:>3} streams", runs)
     return rows
 
 
@@ -246,17 +270,19 @@ def _interval_rows(ctx: BenchContext) -> list[Row]:
     server = ctx.server(_repo(ctx, "streaming-interval", step_ms=ctx.engine_step_ms, stream_interval=STREAM_INTERVAL))
     bodies = _bodies(server.http_url)
     for model in ("tensorrt_llm", "tensorrt_llm_bls"):  # warm-up
-        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])
+        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m], processes=ctx.client_processes)
     rows: list[Row] = []
     for clients in INTERVAL_CONCURRENCY:
         rounds = 1 if ctx.quick else 2
-        runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m])
+        runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m],
+                                   processes=ctx.client_processes)
                 for model in ("tensorrt_llm", "tensorrt_llm_bls")}
         bls = runs["tensorrt_llm_bls"]
         label = f"{clients:>3} streams, stream_interval {STREAM_INTERVAL}"
         rows.append(Row(f"{label}: BLS / floor", _tokens_per_s(bls) / _tokens_per_s(runs["tensorrt_llm"]), "x"))
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
         rows.append(Row(f"{label}: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls), "µs"))
+        rows += _client_rows(label, runs)
     return rows
 
 
@@ -268,12 +294,12 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
     bodies = _bodies(server.http_url)
     stream_s = STREAM_TOKENS * PACED_STEP_MS / 1000
     for model in MODELS:
-        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m])  # warm-up
+        stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m], processes=ctx.client_processes)  # warm-up
     rows: list[Row] = []
     for streams in ctx.paced_streams:
         label = f"{streams} streams, engine step {PACED_STEP_MS:.0f} ms"
         runs = {model: stream_load(server, model, streams, 1 if ctx.quick else 2, lambda _i, m=model: bodies[m],
-                                   stagger_s=stream_s)
+                                   stagger_s=stream_s, processes=ctx.client_processes)
                 for model in MODELS}
         bls, ensemble = runs["tensorrt_llm_bls"], runs["ensemble"]
         ttft_target = TTFT_TARGET if streams == PACED_CONCURRENCY else None
@@ -294,4 +320,5 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
         rows.append(Row(f"{label}: CPU per token, engine (BLS run; Python + its relay)", _engine_cpu_us_per_token(bls),
                         "µs"))
         rows += _ensemble_cpu_rows(label, ensemble)
+        rows += _client_rows(label, runs)
     return rows

@@ -99,7 +99,7 @@ class TritonPythonModel:
         # A paced engine (step_ms, GPU-like steps) hands over each step's responses when the step ends, together,
         # and does not run ahead of its sending: the bound keeps the 2-core soak from queueing responses for
         # seconds. The unpaced benchmark floor keeps running ahead: on 16 cores the bound cost the floor and the
-        # BLS behind it a third (operations.md, issue 11), not yet understood.
+        # BLS behind it a third (docs/benchmarks.md, the 10-minute soak at 256 clients; issue 11), not yet understood.
         paced = settings.step_ms > 0
         self._metrics = metrics = Metrics()
         # TensorRT-LLM's backend families under its names (embedded_engine.metrics), set every engine iteration.
