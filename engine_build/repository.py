@@ -97,7 +97,7 @@ def default_handoff_sender_threads(cpus: int | None = None) -> int:
     measured on 2 cores, one postprocessing instance caps the ensemble there and a handoff frees nothing (tok/s -9 %
     to +8 %, up to 12 % more of tritonserver's CPU per token)."""
     cpus = cpus or len(os.sched_getaffinity(0))
-    return 0 if cpus < 8 else min(8, cpus // 4)
+    return max(1, min(8, cpus // 4))
 
 
 @dataclass(frozen=True)
@@ -254,7 +254,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         compile_relay(relay_library)
     if handoff:
         handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
-                                   contract_name=TARGET_MODEL, values={
+                                   contract_name=HANDOFF_MODEL, values={
             "model_name": HANDOFF_MODEL,
             "triton_max_batch_size": settings.triton_max_batch_size,
             "handoff_to": TARGET_MODEL,
