@@ -54,11 +54,13 @@ std::string AddOutput(TRITONBACKEND_Response* response, const char* name, TRITON
   void* buffer = nullptr;
   TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
   int64_t buffer_type_id = 0;
-  if (failure.empty() && byte_size != 0) {
+  // A buffer even for no bytes: Triton's ensemble takes an output's data from its allocation (core's
+  // EnsembleContext::ResponseComplete), and an output never allocated has none to take.
+  if (failure.empty()) {
     failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
     // The ensemble's buffers are in CPU memory (its allocator honours the preferred type, CPU here).
     if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) failure = std::string("output ") + name + " got GPU memory";
-    if (failure.empty()) std::memcpy(buffer, data, byte_size);
+    if (failure.empty() && byte_size != 0) std::memcpy(buffer, data, byte_size);
   }
   return failure;
 }

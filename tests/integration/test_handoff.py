@@ -25,6 +25,10 @@ SENDERS = 2
 # The engine fails at its third token (tests/integration/test_faults.py says how, with no test hook).
 ENGINE_FAILS_AT_THIRD_TOKEN = {"frequency_penalty": -3e38, "top_k": 50, "end_id": -1}
 PROMPTS = ("Tell me a story about a brave little toaster.", "Der Käse ist 100 % naturbelassen — 日本語も")
+# Characters that byte-level BPE splits into several tokens (emoji, CJK, Greek): a bias this strong on their tokens
+# makes the tiny model's greedy choice one of those pieces at every step, so characters are split across responses,
+# some byte runs never complete (U+FFFD) and max_tokens may cut one.
+SPLIT_CHARACTERS = {"embedding_bias_words": ["😀🇫🇷東京ώρα"], "embedding_bias_weights": [60.0]}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +65,44 @@ def test_streamed_text_through_the_handoff_is_the_text_unstreamed_and_the_bls_te
     assert "".join(event["text_output"] for event in events) == whole
     assert generate(server.http_url, BLS, body)["text_output"] == whole
     assert len(events) >= 24  # one response per engine response, in order: nothing merged, nothing lost
+
+
+@pytest.mark.parametrize("max_tokens", [7, 8, 9, 24])
+def test_characters_split_across_responses_stream_exactly(server, max_tokens):
+    """Each response's text is decoded with the ids before it (the handoff's stream state): streamed == unstreamed,
+    ending mid-character included (then both end in U+FFFD), and an event whose ids only start a character is
+    empty instead of NVIDIA's U+FFFD pieces."""
+    body = {"text_input": PROMPTS[1], "max_tokens": max_tokens, "end_id": -1, **SPLIT_CHARACTERS}
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    assert any(len(char.encode()) > 1 and char != "\ufffd" for char in whole), whole  # multi-byte text came out
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole
+    assert len(events) == max_tokens  # one response per engine response: held bytes wait, nothing is merged
+    assert any(event["text_output"] == "" for event in events)  # a character's first bytes were held
+    assert generate(server.http_url, BLS, body)["text_output"] == whole
+
+
+def test_guided_json_streams_exactly(server):
+    """A guided JSON document with multi-byte names streams as the unstreamed document, which follows its schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]}
+    body = {"text_input": "JSON:", "max_tokens": 40, "guided_decoding_guide_type": "json_schema",
+            "guided_decoding_guide": json.dumps(schema), **SPLIT_CHARACTERS}
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    document = json.loads(whole)
+    assert len(document["name"]) <= 12 and any(len(char.encode()) > 1 for char in document["name"]), whole
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole
+
+
+def test_streams_without_exact_text_keep_one_text_per_response(server):
+    """A batch of two rows (its rows' ends are not flagged apart) is decoded response by response, as NVIDIA's
+    postprocessing does: each row's text still adds up, and no response is held."""
+    inputs = {"text_input": np.array([[PROMPTS[0].encode()], [PROMPTS[1].encode()]], dtype=object),
+              "max_tokens": np.array([[5], [5]], np.int32), "end_id": np.array([[-1], [-1]], np.int32),
+              "stream": np.array([[True], [True]])}
+    result = grpc_stream(server.grpc_url, ENSEMBLE, inputs, ["text_output", "batch_index"], timeout=60)
+    assert result.error is None, result.error
+    assert all(b"".join(r["text_output"].reshape(-1)) for r in result.responses if "text_output" in r)
 
 
 def test_concurrent_streams_over_the_senders_each_keep_their_own_text_in_order(server):
