@@ -101,6 +101,7 @@ class IncrementalDetokenizer:
 # is not a skipped special token is at least one byte, so 8 tokens hold it with room for 5 skipped special tokens
 # inside one character. relay/handoff.cc keeps as many (kPrecedingTokens).
 PRECEDING_TOKENS = 8
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
 
 
 def continuation_text(bundle: TokenizerBundle, preceding_ids: Sequence[int], new_ids: Sequence[int], complete: bool,
@@ -118,8 +119,11 @@ def continuation_text(bundle: TokenizerBundle, preceding_ids: Sequence[int], new
 
     Byte-level tokenizers only (bundle.byte_level; Llama 3's are).
     """
-    pending = codecs.getincrementaldecoder("utf-8")("replace")
-    pending.decode(bundle.token_bytes(preceding_ids, skip_special_tokens), final=False)
-    held, _ = pending.getstate()
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder = _UTF8_DECODER("replace")
+    # The last 3 bytes decide the pending tail: it is at most 3 bytes and starts a character, where decoding is in
+    # step whatever came before.
+    decoder.decode(bundle.token_bytes(preceding_ids, skip_special_tokens)[-3:], final=False)
+    held, _ = decoder.getstate()
+    decoder.reset()
     return decoder.decode(held + bundle.token_bytes(new_ids, skip_special_tokens), final=complete)
+
