@@ -35,7 +35,7 @@ Tensors = dict[str, np.ndarray]
 class _Sequence:
     ids: np.ndarray
     preceding: np.ndarray | None  # None: decoded alone
-    complete: bool
+    complete: bool  # no ids follow: an incomplete character at the end is U+FFFD, not held
 
 
 class Postprocessor:
@@ -113,9 +113,9 @@ class Postprocessor:
             if flags.shape != (batch, 1) or flags.dtype != np.bool_:
                 raise InvalidRequest("TEXT_COMPLETE", f"must be [batch, 1] bool, got {flags.dtype} {list(flags.shape)}")
             complete = [bool(flag) for flag in np.repeat(flags[:, 0], beams)]
-        if "PRECEDING_IDS" not in inputs:
+        if "PRECEDING_IDS" not in inputs and "TEXT_COMPLETE" not in inputs:  # NVIDIA's contract
             return None, complete
-        preceding = np.asarray(inputs["PRECEDING_IDS"])
+        preceding = np.asarray(inputs.get("PRECEDING_IDS", np.zeros((batch, beams, 0), np.int32)))
         if preceding.ndim != 3 or preceding.shape[:2] != (batch, beams):
             raise InvalidRequest("PRECEDING_IDS", f"shape {list(preceding.shape)} does not match TOKENS_BATCH "
                                  f"{[batch, beams]} (must be [batch, beam, n])")

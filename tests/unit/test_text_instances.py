@@ -92,6 +92,9 @@ def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
     for repo in (_repository(tmp_path / "direct", relay="on", handoff_sender_threads=0),
                  _repository(tmp_path / "in_process", relay="off", handoff_sender_threads=3)):
         assert _ensemble_engine_step(repo) == TARGET_MODEL and not (repo / HANDOFF_MODEL).exists()
+        # No handoff, no stream state: postprocessing gets NVIDIA's two inputs (one response a request unstreamed).
+        assert set(_config(repo, "ensemble").ensemble_scheduling.step[2].input_map) == {"TOKENS_BATCH",
+                                                                                        "SEQUENCE_LENGTH"}
 
 
 def test_postprocessing_batches_streams_for_at_most_its_delay(tmp_path):
