@@ -55,7 +55,7 @@ std::string AddOutput(TRITONBACKEND_Response* response, const char* name, TRITON
   TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
   int64_t buffer_type_id = 0;
   // A buffer even for no bytes: Triton's ensemble takes an output's data from its allocation (core's
-  // EnsembleContext::ResponseComplete), and an output never allocated has none to take.
+  // EnsembleContext::ResponseComplete); an empty preceding_ids never allocated crashed tritonserver 2.51 there.
   if (failure.empty()) {
     failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
     // The ensemble's buffers are in CPU memory (its allocator honours the preferred type, CPU here).

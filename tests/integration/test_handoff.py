@@ -97,6 +97,23 @@ def test_guided_json_streams_exactly(server):
     assert any(event["text_output"] == "" for event in events[:-1])  # a character's first bytes were held
 
 
+def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
+    """The end id is not part of the output: the engine's final response adds no text, and the stream still ends
+    with the unstreamed text (the handoff's stream state on a response of no new ids)."""
+    from bls.text.tokenizer import TokenizerBundle
+    from engine_build.repository import repository_tokenizer
+
+    bundle = TokenizerBundle.from_dir(repository_tokenizer(server.repo))
+    body = {"text_input": PROMPTS[0], "max_tokens": 12, "end_id": -1}
+    ids = bundle.encode_text(generate(server.http_url, ENSEMBLE, body)["text_output"], add_special_tokens=False)
+    end_id = ids[4]  # the model's fifth token ends the sequence now (text re-encoded: ASCII round-trips)
+    body["end_id"] = end_id
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole == bundle.decode(ids[: ids.index(end_id)], True)
+    assert events[-1]["text_output"] == ""
+
+
 def test_streams_without_exact_text_keep_one_text_per_response(server):
     """A batch of two rows (its rows' ends are not flagged apart) is decoded response by response, as NVIDIA's
     postprocessing does: each row's text still adds up, and no response is held."""
