@@ -59,7 +59,9 @@ std::string AddOutput(TRITONBACKEND_Response* response, const char* name, TRITON
   if (failure.empty()) {
     failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
     // The ensemble's buffers are in CPU memory (its allocator honours the preferred type, CPU here).
-    if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) failure = std::string("output ") + name + " got GPU memory";
+    if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) {
+      failure = std::string("output ") + name + " got GPU memory";
+    }
     if (failure.empty() && byte_size != 0) std::memcpy(buffer, data, byte_size);
   }
   return failure;
@@ -128,23 +130,10 @@ std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine
     if (failure.empty() && std::strcmp(engine_output.name, "output_ids") == 0 && engine_output.dims >= 2) {
       beams = engine_output.shape[1];
     }
-    TRITONBACKEND_Output* output = nullptr;
+    // The engine's outputs are on the heap (our allocator).
     if (failure.empty()) {
-      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, engine_output.name, engine_output.datatype,
-                                                     engine_output.shape, static_cast<uint32_t>(engine_output.dims)));
-    }
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
-    int64_t buffer_type_id = 0;
-    if (failure.empty() && engine_output.byte_size != 0) {
-      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, engine_output.byte_size, &buffer_type,
-                                                   &buffer_type_id));
-      // The engine's outputs are on the heap (our allocator); the ensemble's buffers are in CPU memory (its
-      // allocator honours the preferred type, CPU here).
-      if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) {
-        failure = std::string("output ") + engine_output.name + " got GPU memory";
-      }
-      if (failure.empty()) std::memcpy(buffer, engine_output.base, engine_output.byte_size);
+      failure = AddOutput(response, engine_output.name, engine_output.datatype, engine_output.shape,
+                          static_cast<uint32_t>(engine_output.dims), engine_output.base, engine_output.byte_size);
     }
   }
   const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;

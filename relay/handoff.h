@@ -15,8 +15,8 @@
 // passed on as they are. Exact streamed text: to a request that asks for its own outputs preceding_ids and
 // text_complete (the ensemble does; not passed to the engine), it adds them to every response: the stream's last ids
 // before this response and whether the stream ends here, which postprocessing turns into complete characters only
-// (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's ensemble cancels a step request only when it schedules the step,
-// so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
+// (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's
+// ensemble cancels a step request only when it schedules the step, so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
 // later, before a response is re-sent (the engine request is cancelled). Request priority (no backend API reads
 // it) and traces are not carried.
 //
