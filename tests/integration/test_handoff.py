@@ -116,7 +116,7 @@ def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
 
 def test_streams_without_exact_text_keep_one_text_per_response(server):
     """A batch of two rows (its rows' ends are not flagged apart) is decoded response by response, as NVIDIA's
-    postprocessing does: each row's text still adds up, and no response is held."""
+    postprocessing does: no response's text is held back (each row's text adds up: the batch test above)."""
     inputs = {"text_input": np.array([[PROMPTS[0].encode()], [PROMPTS[1].encode()]], dtype=object),
               "max_tokens": np.array([[5], [5]], np.int32), "end_id": np.array([[-1], [-1]], np.int32),
               "stream": np.array([[True], [True]])}
