@@ -119,11 +119,17 @@ def continuation_text(bundle: TokenizerBundle, preceding_ids: Sequence[int], new
 
     Byte-level tokenizers only (bundle.byte_level; Llama 3's are).
     """
+    held = pending_bytes(bundle, preceding_ids, skip_special_tokens)
+    return _UTF8_DECODER("replace").decode(held + bundle.token_bytes(new_ids, skip_special_tokens), final=complete)
+
+
+def pending_bytes(bundle: TokenizerBundle, ids: Sequence[int], skip_special_tokens: bool = True) -> bytes:
+    """The incomplete UTF-8 sequence the ids' bytes end with (b"" if none). Their last 3 bytes decide it: it is at
+    most 3 bytes and starts a character, where decoding is in step whatever came before."""
+    count = 3  # tokens: at least one byte each, unless skipped
+    while len(tail := bundle.token_bytes(ids[-count:], skip_special_tokens)) < 3 and count < len(ids):
+        count += 3
     decoder = _UTF8_DECODER("replace")
-    # The last 3 bytes decide the pending tail: it is at most 3 bytes and starts a character, where decoding is in
-    # step whatever came before.
-    decoder.decode(bundle.token_bytes(preceding_ids, skip_special_tokens)[-3:], final=False)
-    held, _ = decoder.getstate()
-    decoder.reset()
-    return decoder.decode(held + bundle.token_bytes(new_ids, skip_special_tokens), final=complete)
+    decoder.decode(tail[-3:], final=False)
+    return decoder.getstate()[0]
 

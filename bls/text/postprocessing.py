@@ -112,7 +112,7 @@ class Postprocessor:
             flags = np.asarray(inputs["TEXT_COMPLETE"])
             if flags.shape != (batch, 1) or flags.dtype != np.bool_:
                 raise InvalidRequest("TEXT_COMPLETE", f"must be [batch, 1] bool, got {flags.dtype} {list(flags.shape)}")
-            complete = [bool(flag) for flag in np.repeat(flags[:, 0], beams)]
+            complete = [bool(flag) for flag in flags.reshape(-1).tolist() for _ in range(beams)]
         if "PRECEDING_IDS" not in inputs and "TEXT_COMPLETE" not in inputs:  # NVIDIA's contract
             return None, complete
         preceding = np.asarray(inputs.get("PRECEDING_IDS", np.zeros((batch, beams, 0), np.int32)))
