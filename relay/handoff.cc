@@ -199,28 +199,6 @@ int64_t OutputTokens(TRITONSERVER_InferenceResponse* response) {
   return 0;
 }
 
-// A flag-only final of an exact-text stream: a final response with no ids, so that postprocessing still gets to
-// flush the bytes it may hold (TensorRT-LLM 1.2.1's backend ends every stream with a response that carries tokens;
-// this is for an engine that does not); "" or why not.
-std::string SendFlush(HandoffStream* stream) {
-  TRITONBACKEND_Response* response = nullptr;
-  std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
-  const int64_t ids_shape[3] = {1, 1, 0};
-  const int64_t length_shape[2] = {1, 1};
-  const int32_t length = 0;
-  if (failure.empty()) failure = AddOutput(response, "output_ids", TRITONSERVER_TYPE_INT32, ids_shape, 3, nullptr, 0);
-  if (failure.empty()) {
-    failure = AddOutput(response, "sequence_length", TRITONSERVER_TYPE_INT32, length_shape, 2, &length, sizeof(length));
-  }
-  if (failure.empty()) failure = AddTextState(stream, response, 1, {}, true);
-  if (failure.empty()) {
-    failure = Failure(TRITONBACKEND_ResponseSend(response, TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr));
-  } else if (response != nullptr) {
-    LogFailure(TRITONBACKEND_ResponseDelete(response), "response");
-  }
-  return failure;
-}
-
 // The batch size of the request (its input_lengths' first dimension), 0 if unknown.
 int64_t BatchSize(TRITONBACKEND_Request* request) {
   TRITONBACKEND_Input* input = nullptr;
@@ -490,9 +468,6 @@ void Handoff::Deliver(const Delivery& delivery) {
         // Nobody reads the rest: the engine stops.
         if (!final) LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
       }
-    } else if (final && stream->exact_text && !stream->preceding.empty()) {
-      const std::string failure = SendFlush(stream);
-      if (!failure.empty()) SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
     } else if (final) {
       LogFailure(TRITONBACKEND_ResponseFactorySendFlags(stream->factory, TRITONSERVER_RESPONSE_COMPLETE_FINAL), "final");
     }

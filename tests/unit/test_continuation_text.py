@@ -5,6 +5,8 @@ special tokens and streams that end mid-character included."""
 from __future__ import annotations
 
 import random
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -131,3 +133,9 @@ def test_postprocessing_refuses_a_malformed_stream_state_by_name(bundle):
               "PRECEDING_IDS": np.asarray([[[bundle.vocab_size]]], np.int32)})
     with pytest.raises(InvalidRequest, match="TEXT_COMPLETE"):
         post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, "TEXT_COMPLETE": np.zeros((1, 2), bool)})
+
+
+def test_the_handoff_keeps_as_many_preceding_ids_as_the_decode_needs():
+    """relay/handoff.cc sends the last kPrecedingTokens ids: the number the invariant above is proved with."""
+    source = (Path(__file__).resolve().parents[2] / "relay" / "handoff.cc").read_text()
+    assert re.search(r"constexpr size_t kPrecedingTokens = (\d+);", source).group(1) == str(PRECEDING_TOKENS)
