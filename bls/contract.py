@@ -244,6 +244,10 @@ POSTPROCESSING = ModelContract(
     inputs=(
         _t("TOKENS_BATCH", "TYPE_INT32", [-1, -1], optional=False),
         _t("SEQUENCE_LENGTH", "TYPE_INT32", [-1], optional=False),
+        # Exact streamed text (bls.text.postprocessing): the last ids of each sequence before these, and whether
+        # these end it. The handoff's stream state (HANDOFF_TEXT_STATE); without them each response is decoded alone.
+        _t("PRECEDING_IDS", "TYPE_INT32", [-1, -1], extension=True),
+        _scalar("TEXT_COMPLETE", "TYPE_BOOL", extension=True),
     ),
     # One string per sequence, [batch * beam] (1-D, as upstream's postprocessing returns it).
     outputs=(_t("OUTPUT", "TYPE_STRING", [-1]),),
@@ -320,8 +324,25 @@ TENSORRT_LLM_BLS = ModelContract(
     outputs=_TEXT_API_OUTPUTS + (_scalar("finish_reason", "TYPE_STRING", extension=True),),
 )
 
+# ----------------------------------------------------------------------------------------------------
+# tensorrt_llm_handoff (relay/handoff.h): the engine's tensors, plus its own outputs, which only a request that asks
+# for them gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Every one of its
+# responses carries them; the engine's outputs stay exactly as the engine sent them.
+# ----------------------------------------------------------------------------------------------------
+HANDOFF_MODEL = "tensorrt_llm_handoff"
+# handoff output -> postprocessing input
+HANDOFF_TEXT_STATE = {"preceding_ids": "PRECEDING_IDS", "text_complete": "TEXT_COMPLETE"}
+TENSORRT_LLM_HANDOFF = ModelContract(
+    inputs=TENSORRT_LLM.inputs,
+    outputs=TENSORRT_LLM.outputs + (
+        _t("preceding_ids", "TYPE_INT32", [-1, -1], extension=True),
+        _scalar("text_complete", "TYPE_BOOL", extension=True),
+    ),
+)
+
 CONTRACTS: dict[str, ModelContract] = {
     "tensorrt_llm": TENSORRT_LLM,
+    HANDOFF_MODEL: TENSORRT_LLM_HANDOFF,
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,
     "ensemble": ENSEMBLE,
@@ -395,7 +416,7 @@ ENGINE_TO_TEXT = {spec.name: spec.name for spec in _GENERATION_DETAILS}
 
 
 def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:
-    """The ensemble's three steps, from the maps above."""
+    """The ensemble's three steps, from the maps above; through the handoff, its stream state goes to postprocessing."""
 
     def step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
         lines = [f'    {{\n      model_name: "{model}"\n      model_version: -1']
@@ -407,10 +428,13 @@ def ensemble_scheduling_pbtxt(engine_model_name: str) -> str:
     engine_inputs = {engine: internal[pre] for pre, engine in PREPROCESSING_TO_ENGINE.items()}
     engine_inputs.update({engine: text for text, engine in TEXT_TO_ENGINE.items()})
     engine_outputs = {"output_ids": "_TOKENS_BATCH", "sequence_length": "_SEQUENCE_LENGTH", **ENGINE_TO_TEXT}
+    postprocessing_inputs = {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"}
+    if engine_model_name == HANDOFF_MODEL:
+        engine_outputs.update({out: f"_{post}" for out, post in HANDOFF_TEXT_STATE.items()})
+        postprocessing_inputs.update({post: f"_{post}" for post in HANDOFF_TEXT_STATE.values()})
     steps = [
         step("preprocessing", {pre: text for text, pre in TEXT_TO_PREPROCESSING.items()}, internal),
         step(engine_model_name, engine_inputs, engine_outputs),
-        step("postprocessing", {"TOKENS_BATCH": "_TOKENS_BATCH", "SEQUENCE_LENGTH": "_SEQUENCE_LENGTH"},
-             {"OUTPUT": "text_output"}),
+        step("postprocessing", postprocessing_inputs, {"OUTPUT": "text_output"}),
     ]
     return "ensemble_scheduling {\n  step [\n" + ",\n".join(steps) + "\n  ]\n}"

@@ -248,7 +248,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         relay_library = relay / "1" / RELAY_LIBRARY
         compile_relay(relay_library)
         handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
-                                   contract_name=TARGET_MODEL, values={
+                                   contract_name=HANDOFF_MODEL, values={
             "model_name": HANDOFF_MODEL,
             "triton_max_batch_size": settings.triton_max_batch_size,
             "handoff_to": TARGET_MODEL,

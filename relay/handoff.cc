@@ -6,6 +6,18 @@
 
 namespace llama3_relay {
 
+namespace {
+// The stream-state outputs (bls/contract.py HANDOFF_TEXT_STATE), sent only to a request that asks for them.
+constexpr char kPrecedingIds[] = "preceding_ids";
+constexpr char kTextComplete[] = "text_complete";
+// Ids kept per stream (bls/text/detokenizer.py PRECEDING_TOKENS says why this many).
+constexpr size_t kPrecedingTokens = 8;
+
+bool IsTextState(const char* name) {
+  return std::strcmp(name, kPrecedingIds) == 0 || std::strcmp(name, kTextComplete) == 0;
+}
+}  // namespace
+
 struct HandoffStream {
   Handoff* handoff = nullptr;
   TRITONBACKEND_ModelInstance* instance = nullptr;  // reports the request's statistics
@@ -16,6 +28,12 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
+  // The request asked for the stream-state outputs (the ensemble does). Exact text needs one sequence per stream:
+  // streaming, batch 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream
+  // gets no preceding ids and every response marked complete: each decoded alone, as NVIDIA's postprocessing does.
+  bool text_state = false;
+  bool exact_text = false;
+  std::vector<int32_t> preceding;  // the last ids forwarded (exact_text), at most kPrecedingTokens
   RequestTiming timing;
   // The final response sent and the engine request released: the second of the two forgets the stream.
   std::atomic<int> remaining{2};
@@ -28,33 +46,100 @@ void SendError(HandoffStream* stream, TRITONSERVER_Error_Code code, const std::s
   SendFinalError(stream->factory, code, message);
 }
 
+// A new output of `response` holding `byte_size` bytes from `data`; "" or why not.
+std::string AddOutput(TRITONBACKEND_Response* response, const char* name, TRITONSERVER_DataType datatype,
+                      const int64_t* shape, uint32_t dims, const void* data, size_t byte_size) {
+  TRITONBACKEND_Output* output = nullptr;
+  std::string failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, name, datatype, shape, dims));
+  void* buffer = nullptr;
+  TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
+  int64_t buffer_type_id = 0;
+  // A buffer even for no bytes: Triton's ensemble takes an output's data from its allocation (core's
+  // EnsembleContext::ResponseComplete); an empty preceding_ids never allocated crashed tritonserver 2.51 there.
+  if (failure.empty()) {
+    failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, byte_size, &buffer_type, &buffer_type_id));
+    // The ensemble's buffers are in CPU memory (its allocator honours the preferred type, CPU here).
+    if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) {
+      failure = std::string("output ") + name + " got GPU memory";
+    }
+    if (failure.empty() && byte_size != 0) std::memcpy(buffer, data, byte_size);
+  }
+  return failure;
+}
+
+// The first beam's ids of an engine response: output_ids [1, beam, len] up to sequence_length [1, beam], as
+// postprocessing decodes them.
+std::vector<int32_t> ResponseIds(TRITONSERVER_InferenceResponse* response) {
+  ResponseOutput ids, length;
+  uint32_t count = 0;
+  if (!Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count)).empty()) return {};
+  for (uint32_t i = 0; i < count; ++i) {
+    ResponseOutput output;
+    if (!ReadOutput(response, i, &output).empty()) continue;
+    if (std::strcmp(output.name, "output_ids") == 0) ids = output;
+    if (std::strcmp(output.name, "sequence_length") == 0) length = output;
+  }
+  if (ids.name == nullptr || ids.dims != 3 || ids.datatype != TRITONSERVER_TYPE_INT32 ||
+      ids.memory_type == TRITONSERVER_MEMORY_GPU) {
+    return {};
+  }
+  int64_t n = ids.shape[2];
+  if (length.name != nullptr && length.datatype == TRITONSERVER_TYPE_INT32 && length.byte_size >= sizeof(int32_t) &&
+      length.memory_type != TRITONSERVER_MEMORY_GPU) {
+    int32_t first = 0;
+    std::memcpy(&first, length.base, sizeof(first));
+    n = std::max<int64_t>(0, std::min<int64_t>(n, first));
+  }
+  if (ids.byte_size < static_cast<size_t>(n) * sizeof(int32_t)) return {};
+  const int32_t* base = static_cast<const int32_t*>(ids.base);
+  return std::vector<int32_t>(base, base + n);
+}
+
+// The stream-state outputs of a response about to be sent (`beams`: its output_ids' beam dimension), and the
+// stream's preceding ids moved past `ids`; "" or why not.
+std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response, int64_t beams,
+                         const std::vector<int32_t>& ids, bool final) {
+  const std::vector<int32_t> none;
+  const std::vector<int32_t>& preceding = stream->exact_text ? stream->preceding : none;
+  const int64_t preceding_shape[3] = {1, stream->exact_text ? 1 : beams, static_cast<int64_t>(preceding.size())};
+  std::string failure = AddOutput(response, kPrecedingIds, TRITONSERVER_TYPE_INT32, preceding_shape, 3,
+                                  preceding.data(), preceding.size() * sizeof(int32_t));
+  const bool complete = final || !stream->exact_text;
+  const int64_t complete_shape[2] = {1, 1};
+  if (failure.empty()) {
+    failure = AddOutput(response, kTextComplete, TRITONSERVER_TYPE_BOOL, complete_shape, 2, &complete, sizeof(bool));
+  }
+  if (stream->exact_text) {
+    std::vector<int32_t>& kept = stream->preceding;
+    kept.insert(kept.end(), ids.begin(), ids.end());
+    if (kept.size() > kPrecedingTokens) kept.erase(kept.begin(), kept.end() - kPrecedingTokens);
+  }
+  return failure;
+}
+
 // The engine response's outputs, copied into a response of the stream's, sent with `flags`; "" or why not.
 std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine_response, uint32_t flags) {
   TRITONBACKEND_Response* response = nullptr;
   std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
   uint32_t count = 0;
+  int64_t beams = 1;
   if (failure.empty()) failure = Failure(TRITONSERVER_InferenceResponseOutputCount(engine_response, &count));
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
     ResponseOutput engine_output;
     failure = ReadOutput(engine_response, i, &engine_output);
-    TRITONBACKEND_Output* output = nullptr;
+    if (failure.empty() && std::strcmp(engine_output.name, "output_ids") == 0 && engine_output.dims >= 2) {
+      beams = engine_output.shape[1];
+    }
+    // The engine's outputs are on the heap (our allocator).
     if (failure.empty()) {
-      failure = Failure(TRITONBACKEND_ResponseOutput(response, &output, engine_output.name, engine_output.datatype,
-                                                     engine_output.shape, static_cast<uint32_t>(engine_output.dims)));
+      failure = AddOutput(response, engine_output.name, engine_output.datatype, engine_output.shape,
+                          static_cast<uint32_t>(engine_output.dims), engine_output.base, engine_output.byte_size);
     }
-    void* buffer = nullptr;
-    TRITONSERVER_MemoryType buffer_type = TRITONSERVER_MEMORY_CPU;
-    int64_t buffer_type_id = 0;
-    if (failure.empty() && engine_output.byte_size != 0) {
-      failure = Failure(TRITONBACKEND_OutputBuffer(output, &buffer, engine_output.byte_size, &buffer_type,
-                                                   &buffer_type_id));
-      // The engine's outputs are on the heap (our allocator); the ensemble's buffers are in CPU memory (its
-      // allocator honours the preferred type, CPU here).
-      if (failure.empty() && buffer_type == TRITONSERVER_MEMORY_GPU) {
-        failure = std::string("output ") + engine_output.name + " got GPU memory";
-      }
-      if (failure.empty()) std::memcpy(buffer, engine_output.base, engine_output.byte_size);
-    }
+  }
+  const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  if (failure.empty() && stream->text_state) {
+    failure = AddTextState(stream, response, beams, stream->exact_text ? ResponseIds(engine_response)
+                                                                       : std::vector<int32_t>(), final);
   }
   if (failure.empty()) {
     failure = Failure(TRITONBACKEND_ResponseSend(response, flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr));
@@ -112,6 +197,23 @@ int64_t OutputTokens(TRITONSERVER_InferenceResponse* response) {
     }
   }
   return 0;
+}
+
+// The batch size of the request (its input_lengths' first dimension), 0 if unknown.
+int64_t BatchSize(TRITONBACKEND_Request* request) {
+  TRITONBACKEND_Input* input = nullptr;
+  TRITONSERVER_Error* absent = TRITONBACKEND_RequestInput(request, "input_lengths", &input);
+  if (absent != nullptr) {
+    TRITONSERVER_ErrorDelete(absent);
+    return 0;
+  }
+  const int64_t* shape = nullptr;
+  uint32_t dims = 0;
+  if (!Failure(TRITONBACKEND_InputProperties(input, nullptr, nullptr, &shape, &dims, nullptr, nullptr)).empty() ||
+      dims == 0) {
+    return 0;
+  }
+  return shape[0];
 }
 
 }  // namespace
@@ -233,7 +335,20 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
     const char* name = nullptr;
     failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
+    if (failure.empty() && IsTextState(name)) {  // ours, not the engine's
+      stream->text_state = true;
+      continue;
+    }
     if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
+  }
+  if (failure.empty() && stream->text_state) {
+    bool streaming = false;
+    int32_t beam_width = 1;
+    int32_t sequences = 1;
+    ReadScalar(request, "streaming", &streaming);
+    ReadScalar(request, "beam_width", &beam_width);
+    ReadScalar(request, "num_return_sequences", &sequences);
+    stream->exact_text = streaming && BatchSize(request) == 1 && beam_width <= 1 && sequences <= 1;
   }
   if (failure.empty()) failure = CopyCorrelationId(request, engine_request);
   uint32_t flags = 0;

@@ -23,11 +23,15 @@ against ~6 µs here, Llama 3 tokenizer, 4,096 tokens), but it holds back every s
 U+FFFD, for good: a model emitting bytes that never complete gets no text at all until the end, and each
 step re-decodes the growing window (78 µs a token after 300 such tokens, 484 µs after 3,000). It also
 has no finish(): a held tail would never reach the client. The cut search below bounds both.
+
+`continuation_text` is the stateless counterpart, for the ensemble's postprocessing, whose instances keep no
+stream: the state travels with each response as the last few ids before it (PRECEDING_IDS, from the handoff).
 """
 
 from __future__ import annotations
 
-from typing import Iterable
+import codecs
+from typing import Iterable, Sequence
 
 from bls.text.tokenizer import TokenizerBundle
 
@@ -91,3 +95,41 @@ class IncrementalDetokenizer:
             if before + self._decode(self._window[position:]) == text:
                 return self._cut(position, before)
         return ""
+
+
+# Ids before a response that carry its held bytes: a pending UTF-8 sequence is at most 3 bytes and every token that
+# is not a skipped special token is at least one byte, so 8 tokens hold it with room for 5 skipped special tokens
+# inside one character. relay/handoff.cc keeps as many (kPrecedingTokens).
+PRECEDING_TOKENS = 8
+_UTF8_DECODER = codecs.getincrementaldecoder("utf-8")
+
+
+def continuation_text(bundle: TokenizerBundle, preceding_ids: Sequence[int], new_ids: Sequence[int], complete: bool,
+                      skip_special_tokens: bool = True) -> str:
+    """The text `new_ids` add to a sequence whose earlier ids end with `preceding_ids`, for a stream of which every
+    earlier piece was made by this function: an incomplete UTF-8 sequence at the end is held back (it is the start of
+    the next piece's text) unless `complete` (no ids follow: it becomes U+FFFD, as a full decode ends).
+
+    Invariant: the pieces of a sequence joined == bundle.decode(all ids), given `preceding_ids` holds the last
+    PRECEDING_TOKENS ids before each piece (or all of them). Why it holds: text is emitted up to the start of the
+    pending (valid but incomplete) byte sequence at the end of the ids so far; UTF-8 decoding with replacement
+    restarts at every byte that is not a continuation byte, and a pending sequence starts with one, so decoding the
+    held bytes + the new bytes continues the full decode exactly. The held bytes are the preceding ids' pending
+    tail: decoding them from a cut inside an earlier character gives U+FFFD there, never at the tail.
+
+    Byte-level tokenizers only (bundle.byte_level; Llama 3's are).
+    """
+    held = pending_bytes(bundle, preceding_ids, skip_special_tokens)
+    return _UTF8_DECODER("replace").decode(held + bundle.token_bytes(new_ids, skip_special_tokens), final=complete)
+
+
+def pending_bytes(bundle: TokenizerBundle, ids: Sequence[int], skip_special_tokens: bool = True) -> bytes:
+    """The incomplete UTF-8 sequence the ids' bytes end with (b"" if none). Their last 3 bytes decide it: it is at
+    most 3 bytes and starts a character, where decoding is in step whatever came before."""
+    count = 3  # tokens: at least one byte each, unless skipped
+    while len(tail := bundle.token_bytes(ids[-count:], skip_special_tokens)) < 3 and count < len(ids):
+        count += 3
+    decoder = _UTF8_DECODER("replace")
+    decoder.decode(tail[-3:], final=False)
+    return decoder.getstate()[0]
+

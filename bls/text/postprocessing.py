@@ -1,8 +1,14 @@
 """The `postprocessing` model's logic: output ids -> text (v0.14 contract).
 
 It decodes exactly the ids it is given, up to each beam's sequence length: whether the prompt is part
-of the text depends only on what the engine returned (exclude_input_in_output). Streaming text is not
-made here by decoding chunks alone (that splits characters); see bls.text.detokenizer.
+of the text depends only on what the engine returned (exclude_input_in_output).
+
+Streamed text: NVIDIA's postprocessing decodes each response's ids alone, which splits a character whose bytes
+span two responses into U+FFFD pieces. Our optional inputs make it exact without any state here (instances are
+shared by every stream): PRECEDING_IDS, the last ids of the same sequence before these, and TEXT_COMPLETE,
+whether these ids end it. The ensemble's handoff sends both (relay/handoff.h); the text is then
+bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole sequence. Without
+them (NVIDIA's clients, the BLS) the ids are decoded alone, as before.
 
 In the ensemble every engine response is one postprocessing request, almost always one streamed token, and
 Triton's dynamic batcher hands a model instance many streams' requests at once: `decode_each` takes them
@@ -12,19 +18,29 @@ request fails alone.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 
 from bls.errors import InvalidRequest
 from bls.token_ids import check_token_ids
+from bls.text.detokenizer import continuation_text
 from bls.text.tokenizer import TokenizerBundle
 
 Tensors = dict[str, np.ndarray]
 
 
+@dataclass(frozen=True)
+class _Sequence:
+    ids: np.ndarray
+    preceding: np.ndarray | None  # None: decoded alone
+    complete: bool  # no ids follow: an incomplete character at the end is U+FFFD, not held
+
+
 class Postprocessor:
-    """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] -> OUTPUT [batch, beam] utf-8 bytes."""
+    """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] (+ PRECEDING_IDS [batch, beam, n] and
+    TEXT_COMPLETE [batch, 1], ours) -> OUTPUT [batch * beam] utf-8 bytes."""
 
     def __init__(self, bundle: TokenizerBundle, skip_special_tokens: bool = True):
         self.bundle = bundle
@@ -44,29 +60,31 @@ class Postprocessor:
     def decode_each(self, requests: Sequence[Tensors]) -> list[Tensors | InvalidRequest]:
         """Each request's OUTPUT, or the InvalidRequest that request alone fails with, in order."""
         results: list[Tensors | InvalidRequest | None] = [None] * len(requests)
-        sequences: list[tuple[int, list[np.ndarray]]] = []  # (request index, its sequences batch-major)
+        sequences: list[tuple[int, list[_Sequence]]] = []  # (request index, its sequences batch-major)
         for index, inputs in enumerate(requests):
             try:
                 sequences.append((index, self._sequences(inputs)))
             except InvalidRequest as error:
                 results[index] = error
-        ids = [seq for _, seqs in sequences for seq in seqs]
+        ids = [part for _, seqs in sequences for seq in seqs for part in (seq.ids, seq.preceding) if part is not None]
         if ids and not self._all_in_vocabulary(np.concatenate(ids)):
             valid = []
             for index, seqs in sequences:
                 try:
                     for seq in seqs:
-                        check_token_ids("TOKENS_BATCH", seq, self.bundle.vocab_size)
+                        check_token_ids("TOKENS_BATCH", seq.ids, self.bundle.vocab_size)
+                        if seq.preceding is not None:
+                            check_token_ids("PRECEDING_IDS", seq.preceding, self.bundle.vocab_size)
                     valid.append((index, seqs))
                 except InvalidRequest as error:
                     results[index] = error
             sequences = valid
         for index, seqs in sequences:
             # [batch * beam], 1-D, as upstream's postprocessing returns it (clients read OUTPUT[0] as a string).
-            results[index] = {"OUTPUT": np.array([self._text(seq) for seq in seqs], dtype=object)}
+            results[index] = {"OUTPUT": np.array([self._sequence_text(seq) for seq in seqs], dtype=object)}
         return results  # type: ignore[return-value] - every index was filled above
 
-    def _sequences(self, inputs: Tensors) -> list[np.ndarray]:
+    def _sequences(self, inputs: Tensors) -> list[_Sequence]:
         for name in ("TOKENS_BATCH", "SEQUENCE_LENGTH"):
             if name not in inputs:
                 raise InvalidRequest(name, "is required")
@@ -82,10 +100,37 @@ class Postprocessor:
         if flat_lengths and (min(flat_lengths) < 0 or max(flat_lengths) > tokens.shape[2]):
             raise InvalidRequest("SEQUENCE_LENGTH", f"values must be within [0, {tokens.shape[2]}]")
         rows = tokens.reshape(tokens.shape[0] * tokens.shape[1], tokens.shape[2])  # -1 cannot size an empty batch
-        return [rows[i, :length] for i, length in enumerate(flat_lengths)]
+        preceding, complete = self._stream_state(inputs, tokens.shape)
+        return [_Sequence(rows[i, :length], None if preceding is None else preceding[i], complete[i])
+                for i, length in enumerate(flat_lengths)]
+
+    def _stream_state(self, inputs: Tensors, shape: tuple[int, ...]) -> tuple[np.ndarray | None, list[bool]]:
+        """Each sequence's PRECEDING_IDS (None: decode alone) and whether its text is complete, batch-major."""
+        batch, beams = shape[0], shape[1]
+        complete = [True] * (batch * beams)
+        if "TEXT_COMPLETE" in inputs:
+            flags = np.asarray(inputs["TEXT_COMPLETE"])
+            if flags.shape != (batch, 1) or flags.dtype != np.bool_:
+                raise InvalidRequest("TEXT_COMPLETE", f"must be [batch, 1] bool, got {flags.dtype} {list(flags.shape)}")
+            complete = [bool(flag) for flag in flags.reshape(-1).tolist() for _ in range(beams)]
+        if "PRECEDING_IDS" not in inputs and "TEXT_COMPLETE" not in inputs:  # NVIDIA's contract
+            return None, complete
+        preceding = np.asarray(inputs.get("PRECEDING_IDS", np.zeros((batch, beams, 0), np.int32)))
+        if preceding.ndim != 3 or preceding.shape[:2] != (batch, beams):
+            raise InvalidRequest("PRECEDING_IDS", f"shape {list(preceding.shape)} does not match TOKENS_BATCH "
+                                 f"{[batch, beams]} (must be [batch, beam, n])")
+        if not self.bundle.byte_level:  # continuation_text needs the tokens' bytes: decoded alone, as without it
+            return None, [True] * (batch * beams)
+        return preceding.reshape(batch * beams, preceding.shape[2]), complete
 
     def _all_in_vocabulary(self, ids: np.ndarray) -> bool:
         return not ids.size or (int(ids.min()) >= 0 and int(ids.max()) < self.bundle.vocab_size)
+
+    def _sequence_text(self, seq: _Sequence) -> bytes:
+        if seq.preceding is None:
+            return self._text(seq.ids)
+        return continuation_text(self.bundle, seq.preceding.tolist(), seq.ids.tolist(), seq.complete,
+                                 self.skip_special_tokens).encode("utf-8")
 
     def _text(self, ids: np.ndarray) -> bytes:
         if len(ids) == 1:

@@ -21,7 +21,9 @@ from typing import Sequence
 
 import jinja2
 import numpy as np
+from tokenizers import decoders
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
 from bls.errors import InvalidRequest
 from bls.text.chat import LLAMA31_TOOL_CHAT_TEMPLATE, Chat, ChatMessage, ToolCall, validate_chat
@@ -40,6 +42,11 @@ class TokenizerBundle:
         # clean_up_tokenization_spaces=False (transformers 4.57's PreTrainedTokenizerFast._decode), without the
         # Python around it, which cost the BLS more than the decode itself on its per-token path.
         self._rust_decode = tokenizer.backend_tokenizer.decode if tokenizer.is_fast else None
+        # Byte-level BPE (every Llama 3 tokenizer): a token is a byte string, and decode() joins the tokens' bytes
+        # and decodes them as UTF-8 with replacement (the ByteLevel decoder). token_bytes() exists only then.
+        self.byte_level = tokenizer.is_fast and isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
+        self._byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
+        self._token_bytes: dict[tuple[int, bool], bytes] = {}  # bounded by the vocabulary
         # encode() with split_special_tokens flips a flag on the shared Rust tokenizer and leaves it set,
         # so concurrent encodes with different settings (BLS threads) must not interleave.
         self._encode_lock = threading.Lock()
@@ -47,6 +54,7 @@ class TokenizerBundle:
         self.vocab_size = len(tokenizer)
         self.bos_id: int | None = tokenizer.bos_token_id
         self.special_ids = frozenset(i for i, token in tokenizer.added_tokens_decoder.items() if token.special)
+        self._added_ids = frozenset(tokenizer.added_tokens_decoder)
 
         eos_ids = tuple(generation_eos_ids) or ((tokenizer.eos_token_id,) if tokenizer.eos_token_id is not None else ())
         if not eos_ids:
@@ -277,6 +285,24 @@ class TokenizerBundle:
     # ------------------------------------------------------------------------------------------------
     # ids -> text
     # ------------------------------------------------------------------------------------------------
+    def token_bytes(self, ids: Sequence[int], skip_special_tokens: bool) -> bytes:
+        """The bytes decode() turns into text: decode(ids) == token_bytes(ids).decode("utf-8", "replace") (byte-level
+        tokenizers only). A skipped special token is no bytes; a kept one is its text."""
+        parts = []
+        for token in ids:
+            key = (int(token), skip_special_tokens)
+            data = self._token_bytes.get(key)
+            if data is None:
+                if key[0] in self.special_ids and skip_special_tokens:
+                    data = b""
+                elif key[0] in self._added_ids:  # its text as it is, not byte-mapped
+                    data = self.decode([key[0]], False).encode("utf-8")
+                else:
+                    data = bytes(self._byte_of_char[char] for char in self.tokenizer.convert_ids_to_tokens(key[0]))
+                self._token_bytes[key] = data
+            parts.append(data)
+        return b"".join(parts)
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         if self._rust_decode is not None:
             return self._rust_decode(list(ids), skip_special_tokens=skip_special_tokens)

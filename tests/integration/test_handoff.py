@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import urllib.request
 from pathlib import Path
 
@@ -25,6 +26,10 @@ SENDERS = 2
 # The engine fails at its third token (tests/integration/test_faults.py says how, with no test hook).
 ENGINE_FAILS_AT_THIRD_TOKEN = {"frequency_penalty": -3e38, "top_k": 50, "end_id": -1}
 PROMPTS = ("Tell me a story about a brave little toaster.", "Der Käse ist 100 % naturbelassen — 日本語も")
+# Characters that byte-level BPE splits into several tokens (emoji, CJK, Greek): a bias this strong on their tokens
+# makes the tiny model's greedy choice one of those pieces at every step, so characters are split across responses,
+# some byte runs never complete (U+FFFD) and max_tokens may cut one.
+SPLIT_CHARACTERS = {"embedding_bias_words": ["😀🇫🇷東京ώρα"], "embedding_bias_weights": [60.0]}
 
 
 @pytest.fixture(scope="module")
@@ -61,6 +66,63 @@ def test_streamed_text_through_the_handoff_is_the_text_unstreamed_and_the_bls_te
     assert "".join(event["text_output"] for event in events) == whole
     assert generate(server.http_url, BLS, body)["text_output"] == whole
     assert len(events) >= 24  # one response per engine response, in order: nothing merged, nothing lost
+
+
+@pytest.mark.parametrize("max_tokens", [7, 8, 9, 24])
+def test_characters_split_across_responses_stream_exactly(server, max_tokens):
+    """Each response's text is decoded with the ids before it (the handoff's stream state): streamed == unstreamed,
+    ending mid-character included (then both end in U+FFFD), and an event whose ids only start a character is
+    empty instead of NVIDIA's U+FFFD pieces."""
+    body = {"text_input": PROMPTS[1], "max_tokens": max_tokens, "end_id": -1, **SPLIT_CHARACTERS}
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    assert any(len(char.encode()) > 1 and char != "\ufffd" for char in whole), whole  # multi-byte text came out
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole
+    assert len(events) == max_tokens  # one response per engine response: held bytes wait, nothing is merged
+    assert any(event["text_output"] == "" for event in events)  # a character's first bytes were held
+    assert generate(server.http_url, BLS, body)["text_output"] == whole
+
+
+def test_guided_json_streams_exactly(server):
+    """A guided JSON document whose name must be multi-byte characters (the tiny model spells them in byte pieces)
+    streams as the unstreamed document, which follows its schema."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "pattern": "^[ώρα東京😀]{4,8}$"}},
+              "required": ["name"]}
+    body = {"text_input": "Name in Greek as JSON:", "max_tokens": 40, "guided_decoding_guide_type": "json_schema",
+            "guided_decoding_guide": json.dumps(schema)}
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    assert re.fullmatch("[ώρα東京😀]{4,8}", json.loads(whole)["name"]), whole
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole
+    assert any(event["text_output"] == "" for event in events[:-1])  # a character's first bytes were held
+
+
+def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
+    """The end id is not part of the output: the engine's final response adds no text, and the stream still ends
+    with the unstreamed text (the handoff's stream state on a response of no new ids)."""
+    from bls.text.tokenizer import TokenizerBundle
+    from engine_build.repository import repository_tokenizer
+
+    bundle = TokenizerBundle.from_dir(repository_tokenizer(server.repo))
+    body = {"text_input": PROMPTS[0], "max_tokens": 12, "end_id": -1}
+    ids = bundle.encode_text(generate(server.http_url, ENSEMBLE, body)["text_output"], add_special_tokens=False)
+    end_id = ids[4]  # the model's fifth token ends the sequence now (text re-encoded: ASCII round-trips)
+    body["end_id"] = end_id
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole == bundle.decode(ids[: ids.index(end_id)], True)
+    assert events[-1]["text_output"] == ""
+
+
+def test_streams_without_exact_text_keep_one_text_per_response(server):
+    """A batch of two rows (its rows' ends are not flagged apart) is decoded response by response, as NVIDIA's
+    postprocessing does: no response's text is held back (each row's text adds up: the batch test above)."""
+    inputs = {"text_input": np.array([[PROMPTS[0].encode()], [PROMPTS[1].encode()]], dtype=object),
+              "max_tokens": np.array([[5], [5]], np.int32), "end_id": np.array([[-1], [-1]], np.int32),
+              "stream": np.array([[True], [True]])}
+    result = grpc_stream(server.grpc_url, ENSEMBLE, inputs, ["text_output", "batch_index"], timeout=60)
+    assert result.error is None, result.error
+    assert all(b"".join(r["text_output"].reshape(-1)) for r in result.responses if "text_output" in r)
 
 
 def test_concurrent_streams_over_the_senders_each_keep_their_own_text_in_order(server):

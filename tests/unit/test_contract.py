@@ -6,7 +6,10 @@ upstream's dtype and dims; where upstream requires an input and we do not (text_
 `messages` may replace), the model checks it itself.
 """
 
-from bls.contract import CONTRACTS, ENSEMBLE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
+from bls.contract import (
+    CONTRACTS, ENSEMBLE, HANDOFF_TEXT_STATE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS,
+    TENSORRT_LLM_HANDOFF,
+)
 from tests.unit import upstream_contracts as upstream
 
 # Required upstream, optional here: `messages` / MESSAGES may replace the first two; the models refuse a request
@@ -54,7 +57,20 @@ def test_pre_and_postprocessing_keep_upstream_names():
     assert _relaxed(upstream.V014_PREPROCESSING_INPUTS) <= _inputs(PREPROCESSING.inputs)
     assert upstream.V014_PREPROCESSING_OUTPUTS <= _outputs(PREPROCESSING.outputs)
     inputs, outputs = upstream.V014_POSTPROCESSING
-    assert _inputs(POSTPROCESSING.inputs) == inputs and _outputs(POSTPROCESSING.outputs) == outputs
+    ours = {spec for spec in POSTPROCESSING.inputs if not spec.extension}
+    assert _inputs(ours) == inputs and _outputs(POSTPROCESSING.outputs) == outputs
+    # Ours: the stream state for exact streamed text (bls/text/postprocessing.py), optional.
+    assert {s.name for s in POSTPROCESSING.inputs if s.extension} == {"PRECEDING_IDS", "TEXT_COMPLETE"}
+
+
+def test_the_handoff_is_the_engine_plus_its_own_optional_outputs():
+    """The handoff's inputs and the engine's outputs are the engine's, exactly; its stream-state outputs are ours, sent
+    only to a request that asks for them (the ensemble)."""
+    assert TENSORRT_LLM_HANDOFF.inputs == TENSORRT_LLM.inputs
+    assert TENSORRT_LLM_HANDOFF.outputs[: len(TENSORRT_LLM.outputs)] == TENSORRT_LLM.outputs
+    extra = TENSORRT_LLM_HANDOFF.outputs[len(TENSORRT_LLM.outputs):]
+    assert {s.name: s.extension for s in extra} == {name: True for name in HANDOFF_TEXT_STATE}
+    assert set(HANDOFF_TEXT_STATE.values()) == {s.name for s in POSTPROCESSING.inputs if s.extension}
 
 
 def test_extensions_are_optional_so_upstream_clients_never_see_them():

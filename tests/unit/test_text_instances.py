@@ -13,6 +13,7 @@ from engine_build.repository import (
     HANDOFF_MODEL, RELAY_LIBRARY, TARGET_MODEL, RepositorySettings, assemble_repository, default_handoff_sender_threads, default_postprocessing_instance_count,
     default_preprocessing_instance_count, read_manifest,
 )
+from bls.contract import HANDOFF_TEXT_STATE
 from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
 
@@ -23,7 +24,7 @@ def test_instances_follow_the_host_cores():
     cpus = (1, 2, 4, 8, 16, 32, 64)
     assert [default_preprocessing_instance_count(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
     assert [default_postprocessing_instance_count(n) for n in cpus] == [1, 1, 2, 4, 8, 16, 16]
-    assert [default_handoff_sender_threads(n) for n in cpus] == [0, 0, 0, 2, 4, 8, 8]
+    assert [default_handoff_sender_threads(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
 
 
 def _repository(tmp_path, relay="off", **settings):
@@ -79,13 +80,21 @@ def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
     assert handoff.backend == "llama3_relay" and handoff.model_transaction_policy.decoupled
     assert handoff.parameters["handoff_to"].string_value == TARGET_MODEL
     assert handoff.parameters["sender_threads"].string_value == "3"
-    assert [(t.name, t.data_type) for t in handoff.output] == [(t.name, t.data_type) for t in engine.output]
+    # The engine's outputs, then its own stream state for postprocessing (exact streamed text), mapped by the ensemble.
+    outputs = [(t.name, t.data_type) for t in handoff.output]
+    assert outputs[: len(engine.output)] == [(t.name, t.data_type) for t in engine.output]
+    assert [name for name, _ in outputs[len(engine.output):]] == list(HANDOFF_TEXT_STATE)
+    post_step = _config(relayed, "ensemble").ensemble_scheduling.step[2]
+    assert set(post_step.input_map) == {"TOKENS_BATCH", "SEQUENCE_LENGTH", *HANDOFF_TEXT_STATE.values()}
     assert [(t.name, t.data_type) for t in handoff.input] == [(t.name, t.data_type) for t in engine.input]
     assert handoff.max_batch_size == engine.max_batch_size
     assert (relayed / HANDOFF_MODEL / "1" / RELAY_LIBRARY).is_file()
     for repo in (_repository(tmp_path / "direct", relay="on", handoff_sender_threads=0),
                  _repository(tmp_path / "in_process", relay="off", handoff_sender_threads=3)):
         assert _ensemble_engine_step(repo) == TARGET_MODEL and not (repo / HANDOFF_MODEL).exists()
+        # No handoff, no stream state: postprocessing gets NVIDIA's two inputs (one response a request unstreamed).
+        assert set(_config(repo, "ensemble").ensemble_scheduling.step[2].input_map) == {"TOKENS_BATCH",
+                                                                                        "SEQUENCE_LENGTH"}
 
 
 def test_postprocessing_batches_streams_for_at_most_its_delay(tmp_path):
