@@ -354,14 +354,24 @@ def relay_sources() -> list[Path]:
     return sorted(RELAY_DIR.glob("*.cc"))
 
 
-def compile_relay(library: Path) -> None:
+# Every build of relay/ (the library, its tests, `make lint`): a warning fails it, as Triton's backend examples build
+# (triton-inference-server/backend examples/backends/recommended/CMakeLists.txt: -Wall -Wextra -Werror).
+RELAY_WARNINGS = ("-Wall", "-Wextra", "-Werror")
+
+
+def relay_compile_command(library: Path) -> list[str]:
     """relay/*.cc into `library`, against Triton's official headers (relay_include_dir); tritonserver provides the
     C API's symbols when it loads the library. libstdc++ and libgcc are linked in, so that a repository built on
     one Linux loads in the 26.07 container (Ubuntu 24.04) whatever its libstdc++; the version script exports
     Triton's entry points only, as Triton's backend examples do."""
-    command = [_compiler(), "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-static-libstdc++", "-static-libgcc",
-               f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}", f"-I{relay_include_dir()}",
-               "-o", str(library), *map(str, relay_sources()), "-lpthread"]
+    return [_compiler(), "-O2", "-std=c++17", *RELAY_WARNINGS, "-shared", "-fPIC", "-static-libstdc++",
+            "-static-libgcc", f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}",
+            f"-I{relay_include_dir()}", "-o", str(library), *map(str, relay_sources()), "-lpthread"]
+
+
+def compile_relay(library: Path) -> None:
+    """The relay library (relay_compile_command), or RepositoryError with the compiler's messages."""
+    command = relay_compile_command(library)
     print(f"[repo] compiling the relay: {' '.join(command)}", flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
