@@ -19,13 +19,25 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
-from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, complete_modules, convert_lora_dir, \
-    lora_cache_bytes, write_prefetch_dir
+from embedded_engine.lora import LoraLayout
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
+from engine_build.lora import (
+    PREFETCH_DIR,
+    ConvertedAdapter,
+    adapter_table,
+    complete_modules,
+    convert_lora_dir,
+    lora_cache_bytes,
+    write_prefetch_dir,
+)
 from engine_build.render import render_model_config
 from engine_build.trtllm_config import (
-    FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
+    FIXED_PARAMETERS,
+    XGRAMMAR_TOKENIZER_INFO,
+    GuidedDecoding,
+    engine_parameter_values,
+    guided_decoding_values,
 )
 from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
 
@@ -421,8 +433,8 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
     target = out / name
     ignore = shutil.ignore_patterns("__pycache__")
     if version_files:
-        # .gitkeep included: an empty version folder (the ensemble's) is lost in an object store, which holds files only,
-        # and Triton then finds no version to load (NVIDIA's ensemble ships ensemble/1/.tmp for the same reason).
+        # .gitkeep included: an empty version folder (the ensemble's) is lost in an object store, which holds files
+        # only, and Triton then finds no version to load (NVIDIA's ensemble ships ensemble/1/.tmp for the same reason).
         shutil.copytree(source / "1", target / "1", ignore=ignore)
     else:
         (target / "1").mkdir(parents=True)
@@ -602,10 +614,9 @@ def read_manifest(repo: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def repository_layout(repo: Path) -> tuple["LoraLayout", dict[int, str]]:
+def repository_layout(repo: Path) -> tuple[LoraLayout, dict[int, str]]:
     """What a built repository's engine takes (its dims, the modules and largest rank it was built for) and the task
     ids its own adapters hold: the layout an adapter added to the running deployment must fit."""
-    from embedded_engine.lora import LoraLayout
     from engine_build.lora import AdapterError, base_llama_config
 
     manifest = read_manifest(Path(repo))

@@ -32,19 +32,28 @@ import platform
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 # Before torch is imported (sections load it in-process): busy-waiting OpenMP threads would take the
 # cores from the server being measured.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tools import (  # noqa: E402
-    bench_aiperf, bench_awq, bench_bls, bench_detokenizer, bench_guided, bench_lora, bench_metrics, bench_openai,
-    bench_pipeline, bench_speculative, bench_streaming,
+from tools import (
+    bench_aiperf,
+    bench_awq,
+    bench_bls,
+    bench_detokenizer,
+    bench_guided,
+    bench_lora,
+    bench_metrics,
+    bench_openai,
+    bench_pipeline,
+    bench_speculative,
+    bench_streaming,
 )
-from tools.bench_common import BenchContext, Row, format_value  # noqa: E402
+from tools.bench_common import BenchContext, Row, format_value
 
 
 @dataclass(frozen=True)
@@ -64,7 +73,8 @@ SECTIONS = (
     Section("awq", "6. AWQ int4 quality vs the unquantised model", bench_awq.run),
     Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)",
             bench_guided.run),
-    Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)", bench_openai.run),
+    Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)",
+            bench_openai.run),
     Section("metrics", "9. metrics: cost per generated token (bench model, production classes)", bench_metrics.run),
     Section("lora", "10. LoRA adapters: mixed-adapter batch vs none (embedded engine, in-process)", bench_lora.run),
     Section("aiperf", "11. NVIDIA's AIPerf vs the section's own client through the OpenAI-compatible API (synthetic "
@@ -82,7 +92,7 @@ def format_table(title: str, rows: list[Row], seconds: float) -> str:
 
     def line(values) -> str:
         return "  ".join(value.rjust(width) if i in (1, 2) else value.ljust(width)
-                         for i, (value, width) in enumerate(zip(values, widths))).rstrip()
+                         for i, (value, width) in enumerate(zip(values, widths, strict=True))).rstrip()
 
     out = [f"== {title} ({seconds:.0f} s) ==", line(header), line("-" * w for w in widths)]
     out += [line(values) for values in cells[1:]]
@@ -121,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming, throughput runs: instances of the synthetic engine (many-core "
                              "hosts: enough that the engine stand-in is not the bottleneck; the paced runs use one, "
                              "as a GPU engine steps every stream at once)")
-    parser.add_argument("--bls-instances", type=int, help="section streaming: BLS instances (default: the repository's)")
+    parser.add_argument("--bls-instances", type=int,
+                        help="section streaming: BLS instances (default: the repository's)")
     parser.add_argument("--engine-step-ms", type=float, default=0.0,
                         help="section streaming: the engine's least step time in the throughput runs (default 0: as "
                              "fast as the CPU lets it, running ahead of its own sending; any value > 0 also makes the "

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from engine_build.repository import repository_tokenizer, variant_repository
 from serving.tritonserver import TritonServer
@@ -125,7 +126,8 @@ class LoadRun:
     results: list  # every client's results, in order
     wall_s: float  # from the common start to the last client's end
     client_cpu_s: float = 0.0  # CPU time of this (client) process during the run, all threads
-    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see testkit.processes.cpu_seconds)
+    # per server process (see testkit.processes.cpu_seconds)
+    server_cpu_s: dict[str, float] = field(default_factory=dict)
 
 
 def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], list[T]],
