@@ -107,7 +107,7 @@ BUILD := $(PY) -m engine_build
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
-	@echo "make lint    ruff (Python) and relay/ compiled with warnings as errors (g++, clang++)"
+	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
@@ -184,12 +184,12 @@ ifeq ($(REHEARSAL),1)
 endif
 endif
 
-# The fast loop. lint: ruff over the Python (pyproject.toml's [tool.ruff]), then every relay/ file compiled by g++
-# and clang++ with the relay's warnings as errors (tools/lint_relay.py). unit: tests/unit (no server; a test that
-# needs `make repo`'s build/assets skips, naming it; make test runs them after building).
+# The fast loop. lint: ruff over the Python (pyproject.toml's [tool.ruff]), then every C++ file (relay/, the bench's
+# send_cpp) compiled by g++ and clang++ with the relay's warnings as errors (tools/lint_cpp.py). unit: tests/unit
+# (no server; a test that needs `make repo`'s build/assets skips, naming it; make test runs them after building).
 lint: $(TEST_SETUP)
 	$(TEST_PY) -m ruff check .
-	$(TEST_PY) -m tools.lint_relay
+	$(TEST_PY) -m tools.lint_cpp
 
 unit: $(TEST_SETUP)
 	$(TEST_PY) -m pytest -q tests/unit --repo $(REPO)

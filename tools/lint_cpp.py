@@ -1,9 +1,9 @@
-"""`make lint`'s C++ half: every file of relay/ (the library and its tests) compiled syntax-only by each C++ compiler
-here, g++ and clang++ (the 26.07 image has clang++ only), with the warnings the relay is built with as errors
-(engine_build.repository.RELAY_WARNINGS). Warnings only the optimizer finds come from the real build, `make repo`
-(-O2, the same flags).
+"""`make lint`'s C++ half: every C++ file of the project (relay/, its tests, the benchmark's send_cpp backend)
+compiled syntax-only by each C++ compiler here, g++ and clang++ (the 26.07 image has clang++ only), with the
+warnings the relay is built with as errors (engine_build.repository.RELAY_WARNINGS). Warnings only the optimizer
+finds come from the relay's real build, `make repo` (-O2, the same flags).
 
-    python -m tools.lint_relay
+    python -m tools.lint_cpp
 """
 
 from __future__ import annotations
@@ -15,7 +15,9 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from engine_build.repository import CXX_COMPILERS, RELAY_DIR, RELAY_WARNINGS, relay_include_dir
+from engine_build.repository import CXX_COMPILERS, PROJECT_ROOT, RELAY_WARNINGS, relay_include_dir
+
+SOURCES = ("relay/*.cc", "relay/tests/*.cc", "tools/bench_models/*/*.cc")
 
 
 def compilers() -> list[str]:
@@ -34,19 +36,20 @@ def check(compiler: str, source: Path) -> str | None:
 def main() -> int:
     found = compilers()
     if not found:
-        print(f"lint: no C++ compiler ({' or '.join(CXX_COMPILERS)}) to check relay/ with: apt-get install g++ "
+        print(f"lint: no C++ compiler ({' or '.join(CXX_COMPILERS)}) to check the C++ with: apt-get install g++ "
               "(or clang)", file=sys.stderr)
         return 1
-    sources = sorted([*RELAY_DIR.glob("*.cc"), *RELAY_DIR.glob("tests/*.cc")])
+    sources = sorted(source for pattern in SOURCES for source in PROJECT_ROOT.glob(pattern))
     jobs = [(compiler, source) for compiler in found for source in sources]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
         failures = [(job, messages) for job, messages in zip(jobs, pool.map(lambda job: check(*job), jobs), strict=True)
                     if messages is not None]
     for (compiler, source), messages in failures:
-        print(f"{compiler} {source.relative_to(RELAY_DIR.parent)}:\n{messages}", file=sys.stderr)
+        print(f"{compiler} {source.relative_to(PROJECT_ROOT)}:\n{messages}", file=sys.stderr)
     if failures:
         return 1
-    print(f"relay/: {len(sources)} files, no warning from {' and '.join(found)} ({' '.join(RELAY_WARNINGS)})")
+    print(f"C++: {len(sources)} files ({', '.join(SOURCES)}), no warning from {' and '.join(found)} "
+          f"({' '.join(RELAY_WARNINGS)})")
     return 0
 
 
