@@ -1,5 +1,6 @@
 # llama3-triton: build, serve and test a Triton model repository for Llama 3 Instruct.
-# The two commands a newcomer needs: `make serve` and `make test` (both do all set-up).
+# The two commands a newcomer needs: `make serve` and `make test` (both do all set-up). The fast loop while changing
+# code: `make lint` and `make unit` (no server, no build).
 
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -97,11 +98,13 @@ API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve serve-only check-repo test rehearse system-packages bench soak dist clean distclean help
+.PHONY: setup repo serve serve-only check-repo lint unit test rehearse system-packages bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
-	@echo "make test    set up and run the unit + integration tests"
+	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
+	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
+	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
 	@echo "make rehearse   the README's container commands in a reproduction of the 26.07 image (root; make test runs it)"
@@ -161,13 +164,24 @@ check-repo:
 # not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
 # Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
 REHEARSAL ?= 1
-test: $(if $(SERVER_URL),$(TEST_SETUP),repo system-packages)
-	$(TEST_PY) -m pytest -q tests --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
+test: lint $(if $(SERVER_URL),$(TEST_SETUP),repo system-packages)
+	$(MAKE) --no-print-directory unit
+	$(TEST_PY) -m pytest -q tests/integration --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
 ifeq ($(REHEARSAL),1)
 	$(MAKE) --no-print-directory rehearse
 endif
 endif
+
+# The fast loop. lint: ruff over the Python (pyproject.toml's [tool.ruff]), then every C++ file (relay/, the bench's
+# send_cpp) compiled by g++ and clang++ with the relay's warnings as errors (tools/lint_cpp.py). unit: tests/unit
+# (no server; a test that needs `make repo`'s build/assets skips, naming it; make test runs them after building).
+lint: $(TEST_SETUP)
+	$(TEST_PY) -m ruff check .
+	$(TEST_PY) -m tools.lint_cpp
+
+unit: $(TEST_SETUP)
+	$(TEST_PY) -m pytest -q tests/unit --repo $(REPO)
 
 # The README's container commands, as written, in a reproduction of the 26.07 image's layout on this machine
 # (tools/container_rehearsal.py: what it reproduces; docs/container.md: what it cannot). Runs the default repository.
@@ -275,7 +289,7 @@ k8s: setup
 # real tritonserver (and the OpenAI API) on REPO under a soak: every dashboard query must return data and the
 # autoscaling signal must rise with the load and fall after it (tools/prometheus_check.py).
 prometheus-check: repo
-	$(PY) tools/prometheus_check.py --repo $(REPO)
+	$(PY) -m tools.prometheus_check --repo $(REPO)
 
 # make api-image: the OpenAI API's image (deploy/api.Dockerfile), the Deployment's `api.image`. Where docker cannot
 # build (no docker, no daemon) it prints the command to run elsewhere and succeeds.

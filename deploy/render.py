@@ -29,14 +29,15 @@ from typing import Any
 import jinja2
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # `python deploy/render.py` as well as `python -m deploy.render`
-    sys.path.insert(0, str(ROOT))
-
-from serving.tritonserver import (  # noqa: E402
-    CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, needs_orchestrator, server_command,
+from serving.tritonserver import (
+    CONTAINER_TRITONSERVER,
+    ORCHESTRATOR_ENVIRONMENT,
+    ServerPorts,
+    needs_orchestrator,
+    server_command,
 )
 
+ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = Path(__file__).resolve().parent
 TEMPLATES = DEPLOY / "templates"
 RULES = DEPLOY / "prometheus" / "rules.yaml"
@@ -64,7 +65,7 @@ class RepositoryFacts:
     digest: str  # sha256 of repository.json (which holds every file's sha256): changes with any file
 
     @classmethod
-    def read(cls, repo: Path) -> "RepositoryFacts":
+    def read(cls, repo: Path) -> RepositoryFacts:
         manifest_file = repo / "repository.json"
         if not manifest_file.is_file():
             raise RenderError(f"{manifest_file} is missing: give --repo a repository `make repo` built")

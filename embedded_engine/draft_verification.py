@@ -18,13 +18,13 @@ ends the sequence as end_id does.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import torch
 
-from embedded_engine.sampling import TokenSampler
 from bls.finish_reason import FinishReason
+from embedded_engine.sampling import TokenSampler
 from embedded_engine.stopping import StopCriteria
 
 

@@ -168,7 +168,9 @@ class GrammarCache:
             if guide.type == "regex":
                 return compiler.compile_grammar(xgrammar.Grammar.from_regex(guide.text))
             return compiler.compile_grammar(xgrammar.Grammar.from_ebnf(guide.text))
-        except Exception as error:  # xgrammar raises RuntimeError / ValueError subclasses with its parser's message
+        # xgrammar raises RuntimeError / ValueError subclasses with its parser's message: whatever compiling a
+        # request's guide raises is that request's error.
+        except Exception as error:  # noqa: BLE001 - the guide's error, named to its client
             raise InvalidRequest(GUIDE_INPUT, f"does not compile as {guide.type}: {_xgrammar_message(error)}") from None
 
 
@@ -195,7 +197,7 @@ class GrammarConstraint:
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)
         self.stop_token_ids = compiled.stop_token_ids
 
-    def mask(self, logits: "torch.Tensor") -> None:
+    def mask(self, logits: torch.Tensor) -> None:
         """Set every token the grammar does not allow next to -inf, in place ([vocab] float32, owned)."""
         self._matcher.fill_next_token_bitmask(self._bitmask)
         self._xgrammar.apply_token_bitmask_inplace(logits.unsqueeze(0), self._bitmask)

@@ -96,7 +96,7 @@ class LoraLayout:
     max_rank: int
 
     @classmethod
-    def from_config(cls, config, modules: tuple[str, ...], max_rank: int) -> "LoraLayout":
+    def from_config(cls, config, modules: tuple[str, ...], max_rank: int) -> LoraLayout:
         """`config`: a transformers LlamaConfig (or anything with its fields)."""
         unknown = [name for name in modules if name not in MODULES_BY_NAME]
         if unknown:

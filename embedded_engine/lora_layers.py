@@ -9,8 +9,8 @@ backend's format, embedded_engine.lora), which is what PEFT computes as lora_B(l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 import torch
 

@@ -18,9 +18,10 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Callable, ContextManager, Iterator, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -255,7 +256,7 @@ class ResponseDispatcher:
 
     BACKLOG_STEPS = 2
 
-    def __init__(self, merge: bool = False, corked: Callable[[], ContextManager[None]] = nullcontext) -> None:
+    def __init__(self, merge: bool = False, corked: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
         """`corked()`: held while a round is sent (the relay's RelayConnections.corked: a round's responses go to
         the relay in one write, and out of tritonserver back to back, as the C++ backend sends a step's)."""
         self._merge = merge

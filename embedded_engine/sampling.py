@@ -19,13 +19,13 @@ Choices made where TensorRT-LLM leaves room (documented here because clients see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
 
-from embedded_engine.guided import CompiledGuide, GrammarConstraint, GuideDeadEnd, GUIDE_INPUT
+from embedded_engine.guided import GUIDE_INPUT, CompiledGuide, GrammarConstraint, GuideDeadEnd
 from embedded_engine.stopping import WordList
 
 

@@ -28,21 +28,22 @@ import logging
 import threading
 import time
 from collections import deque
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
-from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
-from embedded_engine.request import EngineLimits, GenerationRequest
 from bls.errors import Unavailable
 from bls.finish_reason import FinishReason
 from embedded_engine.draft_verification import accept_tokens
 from embedded_engine.lora import LoraCache, LoraLayout, prefetch
 from embedded_engine.lora_layers import LoraSlot, install_lora
+from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
+from embedded_engine.request import EngineLimits, GenerationRequest
 from embedded_engine.sampling import TokenSampler
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings
 from embedded_engine.stopping import StopCriteria
@@ -186,7 +187,7 @@ class Engine:
         wait_for_sending: Callable[[int], None] | None = None,
         # Held around each iteration's sequence steps: a paced engine hands its responses over when the iteration
         # ends, all at once, as a GPU step's tokens come out together (ResponseDispatcher.step).
-        step_scope: Callable[[], ContextManager[None]] = nullcontext,
+        step_scope: Callable[[], AbstractContextManager[None]] = nullcontext,
         # LoRA: the cache requests resolve their adapters in (None: the engine takes no LoRA), and the slot its
         # model's LoRA layers read the adapter of each forward pass from.
         adapters: LoraCache | None = None,
@@ -296,7 +297,7 @@ class Engine:
         try:
             self._report_iteration([], counted=False)  # the gauges start at the idle engine's values
             self._loop()
-        except BaseException as error:  # noqa: BLE001 - recorded, reported to every client, then the thread ends
+        except BaseException as error:  # recorded, reported to every client, then the thread ends
             log.exception("the engine thread died")
             with self._cond:
                 self._failure = error
@@ -440,7 +441,7 @@ class Engine:
             reused_tokens=reused,
         )
 
-    def _adapter(self, request: GenerationRequest) -> ContextManager[None]:
+    def _adapter(self, request: GenerationRequest) -> AbstractContextManager[None]:
         """The scope of one forward pass of `request`: its LoRA adapter in the model, or the base model."""
         if self._lora_slot is None:
             return nullcontext()
@@ -484,7 +485,7 @@ SYNTHETIC_MAX_SEQ_LEN = 8192
 
 
 def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], None] | None = None,
-                 step_scope: Callable[[], ContextManager[None]] = nullcontext,
+                 step_scope: Callable[[], AbstractContextManager[None]] = nullcontext,
                  on_iteration: IterationCallback | None = None) -> Engine:
     """Load the checkpoint (or the synthetic runner) and start the engine thread."""
     runner: ModelRunner

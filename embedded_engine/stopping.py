@@ -11,8 +11,8 @@ prompt too.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from bls.finish_reason import FinishReason
 from bls.word_lists import WordList

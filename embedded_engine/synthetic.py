@@ -9,8 +9,8 @@ Selected with the `synthetic` model parameter; never the default.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import torch
 

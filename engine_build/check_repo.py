@@ -27,8 +27,12 @@ from bls.contract import CONTRACTS, ModelContract, TensorSpec
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.upstream_parameters import (
-    PARAMETER_READS, PYTHON_BACKEND_PARAMETER_READS, UPSTREAM_TEMPLATE_PARAMETERS, XGRAMMAR_TOKENIZER_INFO_FIELDS,
-    ParameterRead, is_unset,
+    PARAMETER_READS,
+    PYTHON_BACKEND_PARAMETER_READS,
+    UPSTREAM_TEMPLATE_PARAMETERS,
+    XGRAMMAR_TOKENIZER_INFO_FIELDS,
+    ParameterRead,
+    is_unset,
 )
 
 RELAY_BACKEND = "llama3_relay"
@@ -270,7 +274,7 @@ class _EnsembleTensor:
     batching: bool
     label: int = 0
 
-    def differs_from(self, other: "_EnsembleTensor") -> str | None:
+    def differs_from(self, other: _EnsembleTensor) -> str | None:
         if self.data_type != other.data_type:
             return f"{self.data_type} from {self.source} but {other.data_type} from {other.source}"
         full = ((-1,) if self.batching else ()) + self.dims, ((-1,) if other.batching else ()) + other.dims
@@ -280,7 +284,7 @@ class _EnsembleTensor:
 
 
 def _dims_match(a: tuple, b: tuple) -> bool:
-    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b))
+    return len(a) == len(b) and all(x == y or -1 in (x, y) for x, y in zip(a, b, strict=True))
 
 
 def _ensemble_tensor(source: str, tensor: dict, batching: bool) -> _EnsembleTensor:
@@ -423,7 +427,8 @@ def python_import_problems(version_dir: Path, engine_model: bool) -> list[str]:
                 continue
             reason = why_not_importable(top, engine_model)
             if reason:
-                problems.append(f"{path.relative_to(version_dir.parent.parent)} line {node.lineno} imports {module}: {reason}")
+                where = path.relative_to(version_dir.parent.parent)
+                problems.append(f"{where} line {node.lineno} imports {module}: {reason}")
     return problems
 
 

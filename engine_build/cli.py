@@ -43,9 +43,9 @@ def _assets_fingerprint(seed: int) -> str:
 
 def build_default_assets(assets: Path, seed: int = 0) -> dict[str, Path]:
     """Tokenizer, tiny target + draft (HF, fp32) and their AWQ checkpoints; reused while up to date."""
-    from engine_build.quantize import quantize_awq
     from engine_build.assets.tiny_models import write_tiny_models
     from engine_build.assets.tokenizer import write_llama3_tokenizer
+    from engine_build.quantize import quantize_awq
 
     paths = {
         "tokenizer": assets / "tokenizer",
@@ -173,7 +173,7 @@ def cmd_relocate(args) -> None:
         text = config.read_text()
         for key in RELOCATED_PARAMETERS:
             text = re.sub(rf'(key: "{key}" value: {{ string_value: ")([^"$]*/{model}/1)((?:/[^"]*)?")',
-                          lambda m: f"{m.group(1)}{serve_path / model / '1'}{m.group(3)}", text)
+                          lambda m, target=serve_path / model / "1": f"{m.group(1)}{target}{m.group(3)}", text)
         parse_model_config(text, str(config))
         config.write_text(text)
         _stage(f"{model}: {', '.join(RELOCATED_PARAMETERS)} under {serve_path / model / '1'}")
@@ -182,9 +182,9 @@ def cmd_relocate(args) -> None:
 def cmd_convert_lora(args) -> None:
     """One PEFT adapter in the backend's format, for a running deployment: the two files NVIDIA's client sends
     (inflight_batcher_llm_client.py --lora-path DIR --lora-task-id N), or a prefetch folder <dir>/<task id>/."""
+    from embedded_engine.lora import LoraLayout
     from engine_build.lora import AdapterError, adapter_modules, base_llama_config, convert_peft_adapter
     from engine_build.repository import repository_layout
-    from embedded_engine.lora import LoraLayout
 
     if args.task_id < 1:
         raise SystemExit(f"--task-id {args.task_id}: task ids start at 1 (NVIDIA's client sends no lora_task_id for 0)")
@@ -297,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
         p.add_argument("--synthetic", action="store_true", help="embedded engine emits tokens without a model")
         p.add_argument("--decoupled", action=argparse.BooleanOptionalAction, default=True,
-                       help="streaming models (Triton's decoupled transaction policy); --no-decoupled for unary clients")
+                       help="streaming models (Triton's decoupled transaction policy); "
+                            "--no-decoupled for unary clients")
         p.add_argument("--query-special-tokens", choices=("text", "parse"), default="text",
                        help="text (default): <|...|> strings in text_input stay text; parse: a trusted front end "
                             "(Triton's OpenAI frontend) sends prompts it rendered with the chat template")

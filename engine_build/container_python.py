@@ -16,7 +16,8 @@ from dataclasses import dataclass
 DOCKERFILE = "triton-inference-server/tensorrtllm_backend r26.07 (3bc1153) dockerfile/Dockerfile.triton.trt_llm_backend"
 SERVER_BUILD = "triton-inference-server/server r26.07 (819ee37) build.py dockerfile_prepare_container_linux"
 TRTLLM_REQUIREMENTS = ("tensorrt_llm 1.2.1's package requirements (../shared/reference/conformance-1.2.md: "
-                       "transformers==4.57.3, nvidia-modelopt[torch]~=0.37.0, protobuf>=6.33.5, torch>=2.9.1,<=2.10.0a0); "
+                       "transformers==4.57.3, nvidia-modelopt[torch]~=0.37.0, protobuf>=6.33.5, "
+                       "torch>=2.9.1,<=2.10.0a0); "
                        "NVIDIA/TensorRT-LLM requirements.txt of the 1.2 line (numpy<2)")
 
 # The container's Python: the Dockerfile installs python3.12 and a venv of it (/opt/venv-tritonserver, first on PATH).
@@ -33,8 +34,10 @@ class Shipped:
 
 
 SHIPPED: tuple[Shipped, ...] = (
-    Shipped("triton_python_backend_utils", "the Python backend itself", "python_backend's stub provides it to model.py"),
-    Shipped("numpy", "numpy<2", f"{SERVER_BUILD} (pip3 install \"numpy<2\" for the python backend); {TRTLLM_REQUIREMENTS}"),
+    Shipped("triton_python_backend_utils", "the Python backend itself",
+            "python_backend's stub provides it to model.py"),
+    Shipped("numpy", "numpy<2",
+            f"{SERVER_BUILD} (pip3 install \"numpy<2\" for the python backend); {TRTLLM_REQUIREMENTS}"),
     Shipped("torch", "torch 2.10.0a0+nv25.12", f"{DOCKERFILE} (copied from nvcr.io/nvidia/pytorch:25.12-py3)"),
     Shipped("transformers", "transformers==4.57.3",
             f"{DOCKERFILE} (pip3 install tensorrt_llm==1.2.1); {TRTLLM_REQUIREMENTS}"),
@@ -43,7 +46,8 @@ SHIPPED: tuple[Shipped, ...] = (
     Shipped("huggingface_hub", "huggingface-hub>=0.34.0,<1.0", "transformers 4.57.3's Requires-Dist"),
     Shipped("xgrammar", "xgrammar==0.1.32",
             f"{DOCKERFILE} (pip3 install tensorrt_llm==1.2.1): tensorrt_llm 1.2.1's Requires-Dist "
-            "(../shared/reference/awq-and-trtllm-build.md, its PKG-INFO); this project pins 0.2.8 (pyproject.toml says why)"),
+            "(../shared/reference/awq-and-trtllm-build.md, its PKG-INFO); "
+            "this project pins 0.2.8 (pyproject.toml says why)"),
     Shipped("jinja2", "jinja2", "torch's Requires-Dist (pip resolves the copied torch's requirements when it installs "
                                 "tensorrt_llm, which requires torch)"),
 )

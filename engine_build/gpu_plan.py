@@ -123,8 +123,9 @@ class ModelShape:
     checkpoint_dtype_bytes: int = 2  # the HF weights' element size (bf16 for Llama 3)
 
     @classmethod
-    def from_hf_config(cls, config: dict) -> "ModelShape":
+    def from_hf_config(cls, config: dict) -> ModelShape:
         heads = int(config["num_attention_heads"])
+        dtype = str(config.get("torch_dtype") or config.get("dtype"))
         return cls(
             num_hidden_layers=int(config["num_hidden_layers"]),
             hidden_size=int(config["hidden_size"]),
@@ -134,7 +135,7 @@ class ModelShape:
             head_dim=int(config.get("head_dim") or int(config["hidden_size"]) // heads),
             vocab_size=int(config["vocab_size"]),
             tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
-            checkpoint_dtype_bytes=4 if str(config.get("torch_dtype") or config.get("dtype")).endswith("float32") else 2,
+            checkpoint_dtype_bytes=4 if dtype.endswith("float32") else 2,
         )
 
     def linear_params(self) -> int:

@@ -35,8 +35,16 @@ import numpy as np
 
 from bls.lora_names import format_adapter_table
 from embedded_engine.lora import (
-    DEFAULT_LORA_CACHE_BYTES, DEFAULT_MAX_LORA_RANK, LLAMA_MODULES, MODULE_NAMES, MODULES_BY_NAME, MODULES_BY_PEFT_NAME,
-    PREFETCH_CONFIG, PREFETCH_WEIGHTS, LoraLayout, read_prefetch_adapter,
+    DEFAULT_LORA_CACHE_BYTES,
+    DEFAULT_MAX_LORA_RANK,
+    LLAMA_MODULES,
+    MODULE_NAMES,
+    MODULES_BY_NAME,
+    MODULES_BY_PEFT_NAME,
+    PREFETCH_CONFIG,
+    PREFETCH_WEIGHTS,
+    LoraLayout,
+    read_prefetch_adapter,
 )
 
 ADAPTER_CONFIG = "adapter_config.json"

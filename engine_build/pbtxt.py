@@ -117,4 +117,5 @@ def first(message: dict, field: str, default=None):
 
 def parameters(config: dict) -> dict[str, str]:
     """`parameters { key: ... value: { string_value: ... } }` as a dict (Triton's map field)."""
-    return {first(entry, "key"): first(first(entry, "value", {}), "string_value", "") for entry in config.get("parameters", [])}
+    return {first(entry, "key"): first(first(entry, "value", {}), "string_value", "")
+            for entry in config.get("parameters", [])}

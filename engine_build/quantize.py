@@ -146,7 +146,8 @@ def awq_calibrated_model(
     if kv_cache_dtype == "fp8":
         # modelopt's own FP8 KV-cache quantizers (the attention's k/v bmm inputs, e4m3), calibrated with the
         # weights; the export then writes kv_cache_quant_algo FP8, which trtllm-build reads.
-        config["quant_cfg"].update({key: value for key, value in mtq.FP8_KV_CFG["quant_cfg"].items() if key != "default"})
+        config["quant_cfg"].update(
+            {key: value for key, value in mtq.FP8_KV_CFG["quant_cfg"].items() if key != "default"})
     _log(f"AWQ int4 (group {group_size}) on {device}: {len(batches)} calibration samples, "
          f"{sum(b.shape[1] for b in batches)} tokens")
     start = time.perf_counter()
@@ -192,7 +193,8 @@ def _carry_rope_fields(config: dict, hf_config: dict) -> None:
     rope_scaling = hf_config.get("rope_scaling")
     if rope_scaling is not None and config.setdefault("rotary_scaling", rope_scaling) != rope_scaling:
         raise QuantizationError(
-            f"exported rotary_scaling {config['rotary_scaling']} differs from the checkpoint's rope_scaling {rope_scaling}"
+            f"exported rotary_scaling {config['rotary_scaling']} differs from the checkpoint's rope_scaling "
+            f"{rope_scaling}"
         )
 
 

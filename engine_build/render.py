@@ -8,10 +8,9 @@ a `inference.ModelConfig` protobuf (the schema tritonserver itself parses).
 from __future__ import annotations
 
 import re
-from pathlib import Path
-from typing import Mapping
-
 import sys
+from collections.abc import Mapping
+from pathlib import Path
 
 from bls.contract import CONTRACTS, ensemble_scheduling_pbtxt
 

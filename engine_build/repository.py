@@ -19,16 +19,28 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
-from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from bls.artifact import MANIFEST, file_checksums
-from engine_build.lora import PREFETCH_DIR, ConvertedAdapter, adapter_table, complete_modules, convert_lora_dir, \
-    lora_cache_bytes, write_prefetch_dir
+from embedded_engine.lora import LoraLayout
+from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
+from engine_build.lora import (
+    PREFETCH_DIR,
+    ConvertedAdapter,
+    adapter_table,
+    complete_modules,
+    convert_lora_dir,
+    lora_cache_bytes,
+    write_prefetch_dir,
+)
 from engine_build.render import render_model_config
 from engine_build.topology import (
     BLS_MODEL, BLS_PYTHON_MODEL, DRAFT_MODEL, HANDOFF_MODEL, TARGET_MODEL, Topology, repository_topology,
 )
 from engine_build.trtllm_config import (
-    FIXED_PARAMETERS, XGRAMMAR_TOKENIZER_INFO, GuidedDecoding, engine_parameter_values, guided_decoding_values,
+    FIXED_PARAMETERS,
+    XGRAMMAR_TOKENIZER_INFO,
+    GuidedDecoding,
+    engine_parameter_values,
+    guided_decoding_values,
 )
 from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
 
@@ -340,14 +352,24 @@ def relay_sources() -> list[Path]:
     return sorted(RELAY_DIR.glob("*.cc"))
 
 
-def compile_relay(library: Path) -> None:
+# Every build of relay/ (the library, its tests, `make lint`): a warning fails it, as Triton's backend examples build
+# (triton-inference-server/backend examples/backends/recommended/CMakeLists.txt: -Wall -Wextra -Werror).
+RELAY_WARNINGS = ("-Wall", "-Wextra", "-Werror")
+
+
+def relay_compile_command(library: Path) -> list[str]:
     """relay/*.cc into `library`, against Triton's official headers (relay_include_dir); tritonserver provides the
     C API's symbols when it loads the library. libstdc++ and libgcc are linked in, so that a repository built on
     one Linux loads in the 26.07 container (Ubuntu 24.04) whatever its libstdc++; the version script exports
     Triton's entry points only, as Triton's backend examples do."""
-    command = [_compiler(), "-O2", "-std=c++17", "-Wall", "-shared", "-fPIC", "-static-libstdc++", "-static-libgcc",
-               f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}", f"-I{relay_include_dir()}",
-               "-o", str(library), *map(str, relay_sources()), "-lpthread"]
+    return [_compiler(), "-O2", "-std=c++17", *RELAY_WARNINGS, "-shared", "-fPIC", "-static-libstdc++",
+            "-static-libgcc", f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}",
+            f"-I{relay_include_dir()}", "-o", str(library), *map(str, relay_sources()), "-lpthread"]
+
+
+def compile_relay(library: Path) -> None:
+    """The relay library (relay_compile_command), or RepositoryError with the compiler's messages."""
+    command = relay_compile_command(library)
     print(f"[repo] compiling the relay: {' '.join(command)}", flush=True)
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
@@ -399,8 +421,8 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
     target = out / name
     ignore = shutil.ignore_patterns("__pycache__")
     if version_files:
-        # .gitkeep included: an empty version folder (the ensemble's) is lost in an object store, which holds files only,
-        # and Triton then finds no version to load (NVIDIA's ensemble ships ensemble/1/.tmp for the same reason).
+        # .gitkeep included: an empty version folder (the ensemble's) is lost in an object store, which holds files
+        # only, and Triton then finds no version to load (NVIDIA's ensemble ships ensemble/1/.tmp for the same reason).
         shutil.copytree(source / "1", target / "1", ignore=ignore)
     else:
         (target / "1").mkdir(parents=True)
@@ -580,10 +602,9 @@ def read_manifest(repo: Path) -> dict:
     return json.loads(path.read_text())
 
 
-def repository_layout(repo: Path) -> tuple["LoraLayout", dict[int, str]]:
+def repository_layout(repo: Path) -> tuple[LoraLayout, dict[int, str]]:
     """What a built repository's engine takes (its dims, the modules and largest rank it was built for) and the task
     ids its own adapters hold: the layout an adapter added to the running deployment must fit."""
-    from embedded_engine.lora import LoraLayout
     from engine_build.lora import AdapterError, base_llama_config
 
     manifest = read_manifest(Path(repo))

@@ -8,8 +8,9 @@ other one exactly as upstream's fill_template.py leaves a key nobody filled: the
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from engine_build.upstream_parameters import UPSTREAM_TEMPLATE_PARAMETERS, upstream_placeholder
 
@@ -57,7 +58,8 @@ def guided_decoding_values(guided_decoding: GuidedDecoding, served_version_dir: 
     if guided_decoding == "none":
         return {}
     if guided_decoding != "xgrammar":
-        raise EngineConfigError(f"guided decoding {guided_decoding!r}: TensorRT-LLM 1.2.1's backend knows only xgrammar")
+        raise EngineConfigError(
+            f"guided decoding {guided_decoding!r}: TensorRT-LLM 1.2.1's backend knows only xgrammar")
     return {
         "xgrammar_tokenizer_info_path": str(served_version_dir / XGRAMMAR_TOKENIZER_INFO),
         "guided_decoding_backend": "xgrammar",

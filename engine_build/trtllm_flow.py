@@ -14,11 +14,21 @@ import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from engine_build.gpu_plan import (
-    DRAFT_KV_FRACTION, GiB, TARGET_KV_FRACTION_WITH_DRAFT, Capacity, ModelShape, Profile, QuantizationMemory,
-    check_fp8_kv_cache, gpu_compute_capability, gpu_memory_bytes, profile_with, visible_gpu_count,
-)
 from engine_build.check_repo import check_repository
+from engine_build.gpu_plan import (
+    DRAFT_KV_FRACTION,
+    TARGET_KV_FRACTION_WITH_DRAFT,
+    Capacity,
+    GiB,
+    ModelShape,
+    Profile,
+    QuantizationMemory,
+    check_fp8_kv_cache,
+    gpu_compute_capability,
+    gpu_memory_bytes,
+    profile_with,
+    visible_gpu_count,
+)
 from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm import trtllm_build_command
@@ -153,7 +163,8 @@ def plan(args) -> GpuPlan:
         enable_chunked_context=args.enable_chunked_context,
     )
     target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
-    draft = ModelShape.from_hf_config(_hf_config(args.draft_hf_model, "DRAFT_HF_MODEL")) if args.draft_hf_model else None
+    draft = (ModelShape.from_hf_config(_hf_config(args.draft_hf_model, "DRAFT_HF_MODEL"))
+             if args.draft_hf_model else None)
 
     memory = int(args.gpu_mem_gb * GiB) if args.gpu_mem_gb else gpu_memory_bytes()
     if memory is None:
@@ -199,7 +210,8 @@ def plan(args) -> GpuPlan:
     return GpuPlan(
         profile=profile, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp, pp=args.pp, target_hf=args.hf_model,
         draft_hf=args.draft_hf_model, draft_quant=args.draft_quant, max_draft_len=args.max_draft_len,
-        capacity=capacity, quantization=quantization, target_checkpoint=assets / "target-awq", target_engine=assets / "target-engine",
+        capacity=capacity, quantization=quantization, target_checkpoint=assets / "target-awq",
+        target_engine=assets / "target-engine",
         draft_checkpoint=assets / "draft-checkpoint" if draft else None,
         draft_engine=assets / "draft-engine" if draft else None,
         lora_target_modules=lora_modules, max_lora_rank=args.max_lora_rank if lora_modules else 0,

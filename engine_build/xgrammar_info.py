@@ -35,8 +35,8 @@ def xgrammar_tokenizer_info(tokenizer_dir: Path) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     if not isinstance(tokenizer, PreTrainedTokenizerFast):
         # TensorRT-LLM's tiktoken branch omits tokenizer_str, and 1.2.1's backend fails to load without it.
-        raise TokenizerInfoError(f"{tokenizer_dir}: {type(tokenizer).__name__} is not a fast (tokenizer.json) tokenizer; "
-                                 "TensorRT-LLM's C++ guided decoding needs its tokenizer_str")
+        raise TokenizerInfoError(f"{tokenizer_dir}: {type(tokenizer).__name__} is not a fast (tokenizer.json) "
+                                 "tokenizer; TensorRT-LLM's C++ guided decoding needs its tokenizer_str")
     vocab = tokenizer.get_vocab()
     return {
         "encoded_vocab": [token for token, _ in sorted(vocab.items(), key=lambda item: item[1])],

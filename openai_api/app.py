@@ -12,9 +12,10 @@ import json
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -27,7 +28,16 @@ from bls.errors import InvalidRequest
 from bls.text.chat import validate_chat
 from openai_api.errors import ApiError, invalid, unsupported
 from openai_api.generation import (
-    CallArguments, CallStart, Delta, End, Event, Sampling, ToolMode, bls_inputs, choice_events, merged,
+    CallArguments,
+    CallStart,
+    Delta,
+    End,
+    Event,
+    Sampling,
+    ToolMode,
+    bls_inputs,
+    choice_events,
+    merged,
 )
 from openai_api.metrics import ApiMetrics
 from openai_api.models import ServedModels
@@ -151,7 +161,7 @@ def create_app(settings: Settings) -> FastAPI:
         return choice_events(state["bls"], inputs, index, sampling.stops, tools, metrics, settings.model_name,
                              time.monotonic())
 
-    async def _respond(request: Request, body, streams: list[AsyncIterator[Event]], shapes: "_Shapes"):
+    async def _respond(request: Request, body, streams: list[AsyncIterator[Event]], shapes: _Shapes):
         if body.user:
             log.info("%s %s for user %r", request.url.path, shapes.id, body.user)
         metrics.in_flight.labels(settings.model_name).inc()
@@ -332,7 +342,7 @@ def _sse(chunk: dict) -> str:
 
 
 # ---- responses ------------------------------------------------------------------------------------------------------
-async def _collect(events: AsyncIterator[Event], shapes: "_Shapes") -> dict:
+async def _collect(events: AsyncIterator[Event], shapes: _Shapes) -> dict:
     async with aclosing(events):
         async for event in events:
             shapes.add(event)

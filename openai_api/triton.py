@@ -8,8 +8,8 @@ met) cancels the gRPC call, which Triton turns into the request's cancellation: 
 from __future__ import annotations
 
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import AsyncIterator
 
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
@@ -102,7 +102,7 @@ def _read(result) -> BlsResponse:
     length and the bytes, FP32 and INT32 little-endian."""
     message = result.get_response()
     response = BlsResponse("")
-    for output, raw in zip(message.outputs, message.raw_output_contents):
+    for output, raw in zip(message.outputs, message.raw_output_contents, strict=True):
         name = output.name
         if name == "text_output":
             response.text = "".join(_strings(raw))

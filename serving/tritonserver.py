@@ -57,7 +57,7 @@ def find_tritonserver() -> TritonInstall:
     try:
         root = _wheel_root()
     except ImportError:
-        raise SystemExit("no tritonserver on PATH and nvidia-pytriton is not installed: run `make setup`")
+        raise SystemExit("no tritonserver on PATH and nvidia-pytriton is not installed: run `make setup`") from None
     return TritonInstall(root / "bin" / "tritonserver", root / "backends")
 
 
@@ -102,7 +102,7 @@ class ServerPorts:
     metrics: int = 8002
 
     @classmethod
-    def free(cls) -> "ServerPorts":
+    def free(cls) -> ServerPorts:
         """Three distinct ports free now: their sockets stay open until all three are chosen (one closed before the
         next bind could be handed out again: a server given one port twice exits with its usage text)."""
         with contextlib.ExitStack() as open_sockets:
@@ -246,7 +246,7 @@ class TritonServer:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.ports.metrics}/metrics"
 
-    def start(self) -> "TritonServer":
+    def start(self) -> TritonServer:
         command, env = launch(self.repo, self.ports, address=self.address, extra_args=self.extra_args,
                               python=self.python)
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
@@ -285,7 +285,7 @@ class TritonServer:
         tail = Path(self.log_path).read_text(errors="replace").splitlines()[-25:]
         return f"last log lines of {self.log_path}:\n" + "\n".join(tail)
 
-    def __enter__(self) -> "TritonServer":
+    def __enter__(self) -> TritonServer:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -310,8 +310,8 @@ def launch(repo: Path | str, ports: ServerPorts, address: str = "0.0.0.0", extra
            python: Path | None = None) -> tuple[list[str], dict[str, str]]:
     """argv and environment that serve `repo`: the launch mode and the engines' world size (TP x PP) follow what
     its repository.json says, so an existing repository serves as it was built."""
-    # An object store's repository (s3://, gs://, as://: Triton copies it to a local folder) is served with the defaults:
-    # only a repository that needs no fixed path can be (check-repo says which).
+    # An object store's repository (s3://, gs://, as://: Triton copies it to a local folder) is served with the
+    # defaults: only a repository that needs no fixed path can be (check-repo says which).
     manifest_file = None if "://" in str(repo) else Path(repo) / "repository.json"
     manifest = json.loads(manifest_file.read_text()) if manifest_file and manifest_file.is_file() else {}
     orchestrator = needs_orchestrator(manifest)
@@ -383,7 +383,8 @@ def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int
             f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
             "-d '{\"text_input\": \"What is Triton?\", \"max_tokens\": 20}'\n"
             f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
-            "-d '{\"messages\": \"[{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Hi!\\\"}]\", \"max_tokens\": 20}'\n"
+            "-d '{\"messages\": \"[{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Hi!\\\"}]\", "
+            "\"max_tokens\": 20}'\n"
             f"curl -s -N -X POST localhost:{ports.http}/v2/models/tensorrt_llm_bls/generate_stream "
             "-d '{\"text_input\": \"Tell me a story\", \"max_tokens\": 64, \"stream\": true}'\n"
             f"metrics: curl -s localhost:{ports.metrics}/metrics   (Ctrl-C stops the server)\n",

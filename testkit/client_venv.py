@@ -32,7 +32,8 @@ def creator_site_packages() -> list[str]:
     """Every package folder this interpreter imports from, in its order: its own (a venv's), and those it sees beyond
     it (a venv with system site-packages, /usr/local/lib/python3.X/dist-packages where NVIDIA's images put torch)."""
     paths = sysconfig.get_paths()
-    seen = [paths["purelib"], paths["platlib"], *(p for p in sys.path if p.endswith(("site-packages", "dist-packages")))]
+    on_path = [p for p in sys.path if p.endswith(("site-packages", "dist-packages"))]
+    seen = [paths["purelib"], paths["platlib"], *on_path]
     return [p for p in dict.fromkeys(seen) if Path(p).is_dir()]
 
 

@@ -15,7 +15,8 @@ from tritonclient.utils import np_to_triton_dtype
 def tensor(name: str, value) -> grpcclient.InferInput:
     array = np.asarray(value)
     if array.dtype.kind in "US":
-        array = np.array([v.encode() if isinstance(v, str) else v for v in array.reshape(-1)], dtype=object).reshape(array.shape)
+        encoded = [v.encode() if isinstance(v, str) else v for v in array.reshape(-1)]
+        array = np.array(encoded, dtype=object).reshape(array.shape)
     item = grpcclient.InferInput(name, list(array.shape), np_to_triton_dtype(array.dtype))
     item.set_data_from_numpy(array)
     return item

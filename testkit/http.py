@@ -10,8 +10,8 @@ from __future__ import annotations
 import http.client
 import json
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 
 class HttpError(RuntimeError):

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 # Before torch is imported: busy-waiting OpenMP threads starve the server's processes on 2 cores.
@@ -22,6 +23,28 @@ ROOT = Path(__file__).resolve().parents[1]
 def pytest_addoption(parser):
     parser.addoption("--repo", default=str(ROOT / "build" / "model_repository"))
     parser.addoption("--server-url", default=None)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def relay_compiled_once(tmp_path_factory):
+    """Every repository a test assembles compiles the relay (relay/*.cc, ~8 s on 2 cores), from the same sources
+    with the same command: compiled once per command (compiler, flags, headers) in a session, copied after that."""
+    from engine_build import repository
+
+    compile_relay = repository.compile_relay
+    compiled: dict[tuple[str, ...], Path] = {}
+
+    def compile_once(library: Path) -> None:
+        command = tuple(repository.relay_compile_command(Path("<library>")))
+        if command not in compiled:
+            built = tmp_path_factory.mktemp("relay") / repository.RELAY_LIBRARY
+            compile_relay(built)
+            compiled[command] = built
+        shutil.copy2(compiled[command], library)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(repository, "compile_relay", compile_once)
+        yield
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from embedded_engine.checkpoint import load_checkpoint
 from bls.text.tokenizer import TokenizerBundle
+from embedded_engine.checkpoint import load_checkpoint
 from engine_build.repository import read_manifest
 from tools.bench_common import BenchContext, Row
 

@@ -10,7 +10,11 @@ from __future__ import annotations
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
 from tools.bench_common import (
-    BenchContext, LoadRun, Row, Target, stream_load,
+    BenchContext,
+    LoadRun,
+    Row,
+    Target,
+    stream_load,
 )
 
 MODEL = "tensorrt_llm_bls"

@@ -54,7 +54,7 @@ def generate_batch(engine: Engine, prompts: list[list[int]], tokens: int, task_i
     """CPU seconds of this process for the batch (all submitted at once, each `tokens` long)."""
     done = threading.Semaphore(0)
     requests = []
-    for index, (prompt, task_id) in enumerate(zip(prompts, task_ids)):
+    for index, (prompt, task_id) in enumerate(zip(prompts, task_ids, strict=True)):
         inputs = {"input_ids": np.array([prompt], np.int32), "input_lengths": np.array([len(prompt)], np.int32),
                   "request_output_len": np.array([tokens], np.int32), "end_id": np.array([-1], np.int32)}
         if task_id is not None:

@@ -16,8 +16,8 @@ import shutil
 import urllib.request
 from pathlib import Path
 
-from tools.bench_common import BenchContext, Row, Target
 from testkit.processes import cpu_seconds
+from tools.bench_common import BenchContext, Row, Target
 
 MODELS = Path(__file__).resolve().parent / "bench_metrics_models"
 TOKENS_PER_REQUEST = 128  # as the bench model records them

@@ -31,10 +31,10 @@ def preprocessing_rows(ctx: BenchContext, http_url: str) -> list[Row]:
         body = preprocessing_body(batch)
         clients = 2  # one waits on the network while the other's request runs: the model never idles
 
-        def work(session: HttpSession, index: int) -> list[int]:
-            for _ in range(requests // clients):
+        def work(session: HttpSession, index: int, body: dict = body, count: int = requests // clients) -> list[int]:
+            for _ in range(count):
                 session.post_json("/v2/models/preprocessing/infer", body)
-            return [requests // clients]
+            return [count]
 
         HttpSession(http_url).post_json("/v2/models/preprocessing/infer", body)  # warm-up
         run = run_clients(http_url, clients, work)

@@ -45,7 +45,8 @@ IMAGE_PACKAGES = ("numpy==1.26.4", "torch==2.13.0", "transformers==4.57.3", "tok
                   "nvidia-modelopt[torch]==0.37.0", "accelerate==1.11.0", "requests==2.32.5")
 # What the NVIDIA container runtime and the image put on LD_LIBRARY_PATH before our launcher runs.
 HOST_LD_LIBRARY_PATH = "/usr/local/nvidia/lib:/usr/local/nvidia/lib64:/usr/local/cuda/compat/lib"
-IMAGE_PATH = "/opt/venv-tritonserver/bin:/opt/tritonserver/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+IMAGE_PATH = ("/opt/venv-tritonserver/bin:/opt/tritonserver/bin:"
+              "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 HF_MODEL = "/models/Meta-Llama-3-8B-Instruct"
 # Meta-Llama-3-8B-Instruct's config.json (its shape is what the dry run plans for); the tokenizer is ours.
 LLAMA3_8B_CONFIG = {
@@ -118,7 +119,8 @@ def stage_tritonserver(root: Path, wheel_site: Path, python_version: str) -> Non
         if entry.name != STUB_NAME:
             (root / "backends" / "python" / entry.name).symlink_to(wheel_python / "backends" / "python" / entry.name)
     # the stub built for the image's Python version (the wheel ships one per version), not the host venv's
-    (root / "backends" / "python" / STUB_NAME).symlink_to(wheel_python / "python_backend_stubs" / python_version / STUB_NAME)
+    (root / "backends" / "python" / STUB_NAME).symlink_to(
+        wheel_python / "python_backend_stubs" / python_version / STUB_NAME)
     (root / "backends" / "tensorrtllm").mkdir()
     (root / "backends" / "tensorrtllm" / "trtllmExecutorWorker").write_text("")
     shutil.copytree(PROJECT / "relay" / "include", root / "include")
@@ -140,7 +142,10 @@ def gpp_paths() -> list[str]:
 def namespace_script(wheel_site: Path, image_python: str) -> str:
     """Run inside `unshare --mount`: the image's filesystem, then the commands in a network namespace."""
     host_opt, venv, triton = STAGE / "host-opt", STAGE / "venv-tritonserver", STAGE / "opt-tritonserver"
-    q = lambda path: shlex.quote(str(path))  # noqa: E731
+
+    def q(path) -> str:
+        return shlex.quote(str(path))
+
     hide_gpp = "\n".join(f"mount --bind /dev/null {q(path)}" for path in gpp_paths())
     packages = " ".join(shlex.quote(p) for p in IMAGE_PACKAGES)
     return f"""set -euo pipefail
@@ -191,7 +196,7 @@ def rehearse() -> int:
     image_python = shutil.which("python3", path="/usr/bin")
     if image_python is None:
         raise SystemExit("the rehearsal makes the image's venv from the distribution's /usr/bin/python3: not found")
-    from serving.tritonserver import STUB_NAME, _wheel_root
+    from serving.tritonserver import _wheel_root
 
     wheel_site = _wheel_root().parents[1]  # site-packages: pytriton/ and nvidia_pytriton.libs/
     for folder in ("host-opt", "venv-tritonserver", "models"):

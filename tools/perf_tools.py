@@ -24,9 +24,10 @@ import os
 import subprocess
 import sys
 import sysconfig
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
+from itertools import pairwise
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -82,7 +83,8 @@ def _site_packages(venv: Path) -> list[str]:
 def tool_environment(perf_venv: Path) -> dict[str, str]:
     links = link_libraries(perf_venv).resolve()  # absolute: genai-perf runs in its own working directory
     env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str((perf_venv / "bin").resolve()), env.get("PATH", "")])  # genai-perf runs perf_analyzer
+    # genai-perf runs perf_analyzer
+    env["PATH"] = os.pathsep.join([str((perf_venv / "bin").resolve()), env.get("PATH", "")])
     env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (str(links), env.get("LD_LIBRARY_PATH")) if p)
     return env
 
@@ -142,7 +144,7 @@ def summarise_export(export: Path, model: str, concurrency: int, max_tokens: int
         if not times:
             continue
         ttft.append(times[0] - request["timestamp"])
-        gaps += [b - a for a, b in zip(times, times[1:])]
+        gaps += [b - a for a, b in pairwise(times)]
         starts.append(request["timestamp"])
         ends.append(times[-1])
     wall_s = (max(ends) - min(starts)) / 1e9
@@ -168,7 +170,8 @@ def genai_perf(args) -> list[StreamSummary]:
         for model in args.models:
             artifacts = out / model
             command = [
-                str((args.genai_venv / "bin" / "genai-perf").resolve()), "profile", "-m", model, "--endpoint-type", "kserve",
+                str((args.genai_venv / "bin" / "genai-perf").resolve()), "profile", "-m", model,
+                "--endpoint-type", "kserve",
                 "--backend", "tensorrtllm", "--streaming", "-u", url, "--tokenizer", str(args.tokenizer.resolve()),
                 "--synthetic-input-tokens-mean", "32", "--synthetic-input-tokens-stddev", "0",
                 # deterministic: min_length = max_tokens, so every request yields exactly max_tokens tokens
@@ -203,7 +206,8 @@ def summarise_genai_perf(artifacts: Path, model: str, concurrency: int) -> Strea
 # ---- output -----------------------------------------------------------------------------------------------
 
 def write_summary(summaries: list[StreamSummary], out: Path, name: str) -> None:
-    header = "| tool | model | concurrency | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | output tok/s | req/s |"
+    header = ("| tool | model | concurrency | requests | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | output tok/s "
+              "| req/s |")
     rows = [header, "|---|---|---|---|---|---|---|---|"] + [
         f"| {s.tool} | {s.model} | {s.concurrency} | {s.requests} | {s.ttft_ms_p50} / {s.ttft_ms_p99} | "
         f"{s.itl_ms_p50} / {s.itl_ms_p99} | {s.output_tokens_per_s} | {s.requests_per_s} |"

@@ -1,6 +1,6 @@
 """`make prometheus-check`: a real Prometheus scraping a real tritonserver (and the OpenAI API) under a soak.
 
-    python tools/prometheus_check.py --repo build/model_repository [--duration 60] [--concurrency 48]
+    python -m tools.prometheus_check --repo build/model_repository [--duration 60] [--concurrency 48]
 
 1. Serves a variant of --repo whose engine is the synthetic one at a GPU-like step (tools/soak.py's), with few
    batch slots (--engine-slots) so that the load queues, and the ensemble's handoff (its latency metrics are
@@ -31,17 +31,16 @@ import tempfile
 import threading
 import time
 import urllib.parse
-from collections import Counter
 import urllib.request
+from collections import Counter
 from pathlib import Path
 
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+from engine_build.repository import variant_repository
+from serving.tritonserver import ServerPorts, TritonServer, answers_200
 
-from engine_build.repository import variant_repository  # noqa: E402
-from serving.tritonserver import ServerPorts, TritonServer, answers_200  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 RULES = ROOT / "deploy" / "prometheus" / "rules.yaml"
 DASHBOARD = ROOT / "deploy" / "grafana" / "llama3-triton.json"
@@ -165,7 +164,7 @@ def sample_signal(prometheus: Prometheus, stop: threading.Event, samples: list[t
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tools/prometheus_check.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m tools.prometheus_check", description=__doc__.split("\n\n")[0])
     parser.add_argument("--repo", type=Path, default=ROOT / "build" / "model_repository")
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of soak")
     parser.add_argument("--concurrency", type=int, default=48)
@@ -216,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
             # The API's load ends with the soak's, before the soak checks that the engine emptied.
             threading.Timer(args.duration, stop_api.set).start()
             soak = subprocess.run(
-                [sys.executable, "-m", "tools.soak", "--server-url", f"{server.http_url},{server.grpc_url.split(':')[1]}",
+                [sys.executable, "-m", "tools.soak",
+                 "--server-url", f"{server.http_url},{server.grpc_url.split(':')[1]}",
                  "--duration", str(args.duration), "--concurrency", str(args.concurrency), "--warmup", "5",
                  "--report", str(workdir / "soak.json")],
                 cwd=ROOT, capture_output=True, text=True)
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
                 detail = f"{len(series)} series, values {values[:6]}"
                 results.append((f"dashboard: {title}: {expr[:90]}", bool(series), detail))
             for model in ("tensorrt_llm_bls", "ensemble"):
-                count = prometheus.query(f'sum(increase(llm_e2e_request_latency_seconds_count{{model="{model}"}}[10m]))')
+                count = prometheus.query(
+                    f'sum(increase(llm_e2e_request_latency_seconds_count{{model="{model}"}}[10m]))')
                 n = float(count[0]["value"][1]) if count else 0.0
                 results.append((f"{model}: requests in its latency histograms", n > 0, f"{n:.0f}"))
 

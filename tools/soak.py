@@ -30,9 +30,10 @@ import time
 import urllib.request
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
@@ -70,12 +71,12 @@ def _error(workload: str, message: str) -> Outcome:
 
 
 def _timed(workload: str, started: float, arrivals: list[float]) -> Outcome:
-    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    gaps = [b - a for a, b in pairwise(arrivals)]
     return Outcome(workload, "ok", ttft_s=arrivals[0] - started if arrivals else None, inter_token_s=gaps)
 
 
 def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: int | None = None):
-    def run(target: "Target", timeout: float) -> Outcome:
+    def run(target: Target, timeout: float) -> Outcome:
         started, arrivals = time.perf_counter(), []
         session = HttpSession(target.http, timeout)
         request_id = uuid.uuid4().hex  # Triton answers with it in every event: whose events these are
@@ -112,7 +113,7 @@ def http_stream(workload: str, body: dict, model: str = BLS, disconnect_after: i
 
 
 def grpc_bls_stream(workload: str, text: str, max_tokens: int, cancel_after: int | None = None):
-    def run(target: "Target", timeout: float) -> Outcome:
+    def run(target: Target, timeout: float) -> Outcome:
         inputs = {"text_input": np.array([[text.encode()]], dtype=object),
                   "max_tokens": np.array([[max_tokens]], dtype=np.int32), "stream": np.array([[True]])}
         started = time.monotonic()
@@ -132,7 +133,7 @@ def grpc_bls_stream(workload: str, text: str, max_tokens: int, cancel_after: int
 
 
 def http_generate(workload: str, model: str, body: dict, expected_error_field: str | None = None):
-    def run(target: "Target", timeout: float) -> Outcome:
+    def run(target: Target, timeout: float) -> Outcome:
         request_id = uuid.uuid4().hex
         request = urllib.request.Request(f"http://{target.http}/v2/models/{model}/generate",
                                          data=json.dumps({**body, "id": request_id}).encode(),
@@ -173,7 +174,8 @@ Workload = Callable[["Target", float], Outcome]
 def conversation(rng: random.Random) -> str:
     turns = [{"role": "system", "content": "You are terse."}]
     for index in range(rng.randint(1, 3)):
-        turns += [{"role": "user", "content": rng.choice(PROMPTS)}, {"role": "assistant", "content": f"Answer {index}."}]
+        turns += [{"role": "user", "content": rng.choice(PROMPTS)},
+                  {"role": "assistant", "content": f"Answer {index}."}]
     turns.append({"role": "user", "content": rng.choice(PROMPTS)})
     return json.dumps(turns, ensure_ascii=False)
 
@@ -250,7 +252,7 @@ class MemorySnapshot:
         return sum(self.rss_bytes.values())
 
     @classmethod
-    def take(cls, label: str, server_pid: int) -> "MemorySnapshot":
+    def take(cls, label: str, server_pid: int) -> MemorySnapshot:
         processes = triton_processes(server_pid)
         rss = {}
         for name, process in processes.items():
@@ -378,7 +380,8 @@ def summarise(target: Target, args, outcomes: list[Outcome], snapshots: list[Mem
     for outcome in outcomes:
         by_workload.setdefault(outcome.workload, Counter())[outcome.outcome] += 1
         if outcome.outcome in ("expected_error", "shed"):
-            classes["expected" if outcome.outcome == "expected_error" else "shed"][error_class(outcome.error or "")] += 1
+            kind = "expected" if outcome.outcome == "expected_error" else "shed"
+            classes[kind][error_class(outcome.error or "")] += 1
         elif outcome.outcome in ("unexpected_error", "hung"):
             classes["unexpected"][f"{outcome.outcome}: {error_class(outcome.error or '')}"] += 1
         if outcome.ttft_s is not None:

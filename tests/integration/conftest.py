@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import json
 import urllib.request
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -107,8 +107,10 @@ STARTS_ITS_OWN_SERVER = {
                                "measured) it builds from build/assets",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
     "test_object_store.py": "serves a RELAY=off repository it builds from build/assets from a local S3 server",
-    "test_server_exit.py": "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
-    "test_lora.py": "starts a server on a LORA_DIR repository (adapters it makes with peft) it builds from build/assets",
+    "test_server_exit.py":
+        "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
+    "test_lora.py":
+        "starts a server on a LORA_DIR repository (adapters it makes with peft) it builds from build/assets",
 }
 NEEDS_EMBEDDED_ENGINE = {
     "test_embedded_engine_exports_the_tensorrtllm_backend_families": "its nv_trt_llm_* values are the embedded "
@@ -117,7 +119,8 @@ NEEDS_EMBEDDED_ENGINE = {
     "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",
     "test_what_the_engine_cannot_do_is_refused_by_name": "checks the embedded engine's refusals",
     "test_greedy_equals_transformers_generate": "compares with transformers on the embedded engine's checkpoint",
-    "test_end_id_stops_generation_and_is_not_returned": "compares with transformers on the embedded engine's checkpoint",
+    "test_end_id_stops_generation_and_is_not_returned":
+        "compares with transformers on the embedded engine's checkpoint",
     "test_stop_words_list_stops_after_the_word": "compares with transformers on the embedded engine's checkpoint",
     "test_draft_tokens_are_verified": "compares with transformers on the embedded engine's checkpoint",
     "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics",

@@ -120,7 +120,7 @@ def test_speculative_with_batch_of_two(endpoint):
     result = grpc_stream(endpoint.grpc, BLS, inputs, ["text_output", "finish_reason"])
     assert result.error is None and result.completed
     texts = [t.decode() for t in result.responses[-1]["text_output"].reshape(-1)]
-    for prompt, text in zip(["Once upon a time", "用中文写一首诗"], texts):
+    for prompt, text in zip(["Once upon a time", "用中文写一首诗"], texts, strict=True):
         assert text == generate(endpoint.http, BLS, {"text_input": prompt, "max_tokens": 20})["text_output"]
 
 

@@ -16,8 +16,8 @@ import uuid
 import numpy as np
 import pytest
 
-from engine_build.repository import can_compile_relay
 from embedded_engine.synthetic import TEXT_CYCLE
+from engine_build.repository import can_compile_relay
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
 from testkit.metrics import wait_for_value

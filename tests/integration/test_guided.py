@@ -53,8 +53,8 @@ SCHEMAS = [
     {"type": "object", "properties": {"level": {"enum": [1, 2, 3]}, "urgent": {"type": "boolean"}},
      "required": ["level", "urgent"]},
     # a unicode constant and a short unicode-capable string
-    {"type": "object", "properties": {"greeting": {"const": "こんにちは 🙂"}, "reply": {"type": "string", "minLength": 1,
-                                                                                     "maxLength": 2}},
+    {"type": "object", "properties": {"greeting": {"const": "こんにちは 🙂"},
+                                      "reply": {"type": "string", "minLength": 1, "maxLength": 2}},
      "required": ["greeting", "reply"]},
     # an OpenAI tool's parameters (what the frontend's tool choice sends)
     {"type": "object", "properties": {"location": {"type": "string", "maxLength": 10},
@@ -127,7 +127,7 @@ def test_every_guide_of_a_batch_gives_a_valid_document(endpoint, model, temperat
     result = grpc_stream(endpoint.grpc, model, batch_inputs(prompts, guides, MAX_TOKENS, temperature, stream),
                          ["text_output", "batch_index"], timeout=300)
     assert result.error is None and result.completed
-    for guide, text in zip(guides, texts_by_row(result, len(guides))):
+    for guide, text in zip(guides, texts_by_row(result, len(guides)), strict=True):
         check_document(guide, text)
 
 
@@ -169,7 +169,8 @@ def test_draft_tokens_that_break_the_grammar_do_not_change_greedy_output(endpoin
             inputs["draft_input_ids"] = np.array([draft], np.int32)
         result = grpc_stream(endpoint.grpc, "tensorrt_llm", inputs, ["output_ids", "sequence_length"])
         assert result.error is None and result.completed
-        return [int(t) for r in result.responses for t in r["output_ids"].reshape(-1)[: int(r["sequence_length"].reshape(-1)[0])]]
+        return [int(t) for r in result.responses
+                for t in r["output_ids"].reshape(-1)[: int(r["sequence_length"].reshape(-1)[0])]]
 
     expected = run(None)
     assert re.fullmatch("[0-9]{10}", bundle.decode(expected, skip_special_tokens=True))

@@ -128,7 +128,7 @@ def test_streams_without_exact_text_keep_one_text_per_response(server):
 def test_concurrent_streams_over_the_senders_each_keep_their_own_text_in_order(server):
     """Streams spread over the senders (one stream on one sender): each stream's events add up to its own text."""
     bodies = [{"text_input": f"{PROMPTS[i % 2]} ({i})", "max_tokens": 10 + i, "end_id": -1} for i in range(12)]
-    for body, text in zip(bodies, streamed_texts(server.http_url, ENSEMBLE, bodies)):
+    for body, text in zip(bodies, streamed_texts(server.http_url, ENSEMBLE, bodies), strict=True):
         assert text == generate(server.http_url, ENSEMBLE, body)["text_output"], body
 
 

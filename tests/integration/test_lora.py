@@ -15,8 +15,8 @@ import numpy as np
 import openai
 import pytest
 
-from engine_build.lora import convert_peft_adapter
 from embedded_engine.lora import LoraLayout
+from engine_build.lora import convert_peft_adapter
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream, streamed_texts
 from testkit.openai_api import openai_api
@@ -25,8 +25,8 @@ from tests.integration.conftest import ASSETS, built_repository_server
 ENGINE, ENSEMBLE, BLS = "tensorrt_llm", "ensemble", "tensorrt_llm_bls"
 PEFT_NAMES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_dense": "o_proj",
               "mlp_h_to_4h": "gate_proj", "mlp_gate": "up_proj", "mlp_4h_to_h": "down_proj"}
-# name: (seed, PEFT target modules, r, lora_alpha, use_rslora); scalings 2 and 8/sqrt(4) = 4: powers of two, so B * scale
-# in float16 is exact and the engine's weights are exactly peft's.
+# name: (seed, PEFT target modules, r, lora_alpha, use_rslora); scalings 2 and 8/sqrt(4) = 4: powers of two, so
+# B * scale in float16 is exact and the engine's weights are exactly peft's.
 ADAPTERS = {
     "alpha": (1, list(PEFT_NAMES.values()), 8, 16, False),
     "beta": (2, ["q_proj", "v_proj", "down_proj"], 4, 8, True),
@@ -158,7 +158,7 @@ def test_unknown_names_and_task_ids_are_refused_naming_them(server, model):
 def test_concurrent_streams_with_different_adapters_each_keep_their_own(server):
     names = [None, "alpha", "beta"] * 3
     bodies = [{**TEXT, "max_tokens": 12 + i, **({"lora_name": name} if name else {})} for i, name in enumerate(names)]
-    for body, text in zip(bodies, streamed_texts(server.http_url, BLS, bodies, timeout=180)):
+    for body, text in zip(bodies, streamed_texts(server.http_url, BLS, bodies, timeout=180), strict=True):
         assert text == generate(server.http_url, BLS, body)["text_output"], body
 
 
@@ -200,7 +200,8 @@ def test_the_openai_api_serves_each_adapter_as_a_model(api_client, server, task_
     base = models[0].id
     assert [(m.id, m.parent) for m in models] == [(base, None)] + [(name, base) for name in task_ids]
     assert api_client.models.retrieve("beta").parent == base
-    # ignore_eos (end_id -1): 16 tokens each, so the texts compared are never cut short by the random model's end of turn
+    # ignore_eos (end_id -1): 16 tokens each, so the texts compared are never cut short by the random model's end of
+    # turn
     chat_texts = {}
     for name in (None, *task_ids):
         selects = {"lora_name": name} if name else {}

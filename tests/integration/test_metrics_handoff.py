@@ -41,7 +41,8 @@ def test_the_ensemble_request_metrics_count_the_requests_sent(endpoint):
     prompt_tokens += int(generate(endpoint.http, BLS, {"text_input": "once", "max_tokens": 1})["num_input_tokens"])
     sent = len(prompts) + 1
     after = scrape_until(endpoint, lambda s: all(
-        delta(before, s, "llm_requests_total", model=model, finish_reason="length") >= sent for model in (ENSEMBLE, BLS)))
+        delta(before, s, "llm_requests_total", model=model, finish_reason="length") >= sent
+        for model in (ENSEMBLE, BLS)))
     assert delta(before, after, "llm_requests_total", model=ENSEMBLE, finish_reason="length") == sent
     assert delta(before, after, "llm_requests_total", model=ENSEMBLE, finish_reason="stop") == 0
     assert delta(before, after, "llm_e2e_request_latency_seconds_count", model=ENSEMBLE) == sent

@@ -26,8 +26,16 @@ import numpy as np
 import pytest
 
 from bls.relay import (
-    CLAIM, ENGINE_FINAL, ENGINE_RESPONSE, claim_frame, encode_tensors, engine_request_frame, error_frame,
-    relay_frames, response_frame, stream_token,
+    CLAIM,
+    ENGINE_FINAL,
+    ENGINE_RESPONSE,
+    claim_frame,
+    encode_tensors,
+    engine_request_frame,
+    error_frame,
+    relay_frames,
+    response_frame,
+    stream_token,
 )
 from engine_build.repository import can_compile_relay
 from testkit.http import HttpError, HttpSession, generate, generate_stream

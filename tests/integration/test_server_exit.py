@@ -45,7 +45,7 @@ def start_streams(server: TritonServer) -> list[threading.Thread]:
     """A BLS stream (through the relay, where there is one) and an ensemble stream, each running once this returns."""
     started = [threading.Event(), threading.Event()]
     threads = []
-    for model, event in zip(("tensorrt_llm_bls", "ensemble"), started):
+    for model, event in zip(("tensorrt_llm_bls", "ensemble"), started, strict=True):
         def run(model=model, event=event):
             try:
                 HttpSession(server.http_url, timeout_s=60).generate_stream(model, LONG_STREAM,
@@ -54,7 +54,7 @@ def start_streams(server: TritonServer) -> list[threading.Thread]:
                 pass
         threads.append(threading.Thread(target=run, daemon=True))
         threads[-1].start()
-    for model, event in zip(("tensorrt_llm_bls", "ensemble"), started):
+    for model, event in zip(("tensorrt_llm_bls", "ensemble"), started, strict=True):
         assert event.wait(60), f"no {model} stream started"
     return threads
 

@@ -6,6 +6,8 @@ Starts its own server on the real tiny target (not possible with --server-url).
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import numpy as np
 import pytest
 
@@ -31,7 +33,7 @@ def test_responses_carry_the_interval_and_add_up_to_the_text(server, prompt):
     events = generate_stream(server.http_url, BLS, {**body, "stream": True, "return_num_output_tokens": True})
     assert streamed_text(events) == full["text_output"]
     counts = [event["num_output_tokens"] for event in events[:-1]]
-    steps = [later - earlier for earlier, later in zip(counts, counts[1:])]
+    steps = [later - earlier for earlier, later in pairwise(counts)]
     # The first token alone; then 4 at a time; the rest before the final response. A response still waiting to
     # be sent absorbs the next one (bls.response_loop), so on a loaded machine one may carry more.
     assert (counts[0] == 1 or counts[0] > INTERVAL) and counts[-1] == 30, counts

@@ -171,7 +171,8 @@ def test_ensemble_over_grpc(endpoint, bundle):
     result = grpc_stream(endpoint.grpc, "ensemble", inputs, ["text_output"])
     assert result.error is None
     text = result.responses[-1]["text_output"].reshape(-1)[0].decode()
-    assert text == generate(endpoint.http, "ensemble", {"text_input": "Once upon a time", "max_tokens": 12})["text_output"]
+    unary = generate(endpoint.http, "ensemble", {"text_input": "Once upon a time", "max_tokens": 12})
+    assert text == unary["text_output"]
 
 
 @pytest.mark.parametrize("body, field", [

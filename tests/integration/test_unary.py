@@ -8,7 +8,6 @@ Starts its own server on the real tiny target and draft (not possible with --ser
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient

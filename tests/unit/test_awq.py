@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 
 from embedded_engine.checkpoint import CheckpointError, load_checkpoint
 from engine_build import quantize
-from engine_build.quantize import QuantizationError, quantize_awq, read_calibration_texts
 from engine_build.assets.tiny_models import TinyLlamaShape, tiny_llama_weights, write_hf_checkpoint, write_tiny_models
+from engine_build.quantize import QuantizationError, quantize_awq, read_calibration_texts
 
 GROUP = 128
 LLAMA31_ROPE_SCALING = {
@@ -118,17 +118,17 @@ def test_loader_matches_reference_dequantization(awq_target):
     assert next(loaded.model.parameters()).dtype == torch.float32 and not loaded.model.training
     state = loaded.model.state_dict()
     tensors = load_file(str(root / "trt" / "rank0.safetensors"))
+
+    def reference(src: str, module: str) -> np.ndarray:
+        return reference_dequantize(*(tensors[src + module + suffix] for suffix in (
+            ".weight", ".weights_scaling_factor", ".prequant_scaling_factor")), GROUP)
+
     for layer in (0, loaded.config.num_hidden_layers - 1):
         src, dst = f"transformer.layers.{layer}.", f"model.layers.{layer}."
-
-        def reference(module: str) -> np.ndarray:
-            return reference_dequantize(*(tensors[src + module + suffix] for suffix in (
-                ".weight", ".weights_scaling_factor", ".prequant_scaling_factor")), GROUP)
-
         qkv = np.concatenate([state[dst + f"self_attn.{p}_proj.weight"].numpy() for p in "qkv"])
-        np.testing.assert_allclose(qkv, reference("attention.qkv"), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(qkv, reference(src, "attention.qkv"), rtol=1e-6, atol=1e-9)
         for trt_module, hf_module in LINEARS:
-            np.testing.assert_allclose(state[dst + hf_module + ".weight"].numpy(), reference(trt_module),
+            np.testing.assert_allclose(state[dst + hf_module + ".weight"].numpy(), reference(src, trt_module),
                                        rtol=1e-6, atol=1e-9)
 
 

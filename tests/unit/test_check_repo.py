@@ -20,7 +20,11 @@ from engine_build.pbtxt import first, parameters, parse_pbtxt
 from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.upstream_parameters import (
-    PARAMETER_READS, TENSORRT_LLM_PARAMETER_READS, UPSTREAM_TEMPLATE_PARAMETERS, is_unset, upstream_placeholder,
+    PARAMETER_READS,
+    TENSORRT_LLM_PARAMETER_READS,
+    UPSTREAM_TEMPLATE_PARAMETERS,
+    is_unset,
+    upstream_placeholder,
 )
 
 TEMPLATE = Path(__file__).resolve().parents[2] / "model_repository" / "tensorrt_llm" / "config.pbtxt"
@@ -186,7 +190,8 @@ def test_bad_values_are_named(dry_run_repo, tmp_path):
                      '"enable_kv_cache_reuse" value: { string_value: "yes"')(repo),
         _edit_config("tensorrt_llm", '"gpt_model_type" value: { string_value: "inflight_fused_batching"',
                      '"gpt_model_type" value: { string_value: "${batching_strategy}"')(repo)])
-    assert "tensorrt_llm: parameter guided_decoding_backend='outlines': none of ('xgrammar',): the load fails" in problems
+    assert ("tensorrt_llm: parameter guided_decoding_backend='outlines': none of ('xgrammar',): the load fails"
+            in problems)
     assert ("tensorrt_llm: parameter enable_kv_cache_reuse='yes': not a bool: the backend falls back to true"
             in problems)
     assert any("gpt_model_type is unset" in p for p in problems)

@@ -23,7 +23,8 @@ def test_the_readme_container_block_is_what_the_rehearsal_runs():
 def test_comments_and_continuations_are_not_commands(tmp_path):
     readme = tmp_path / "README.md"
     readme.write_text("```bash\ndocker run --rm nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 bash\n"
-                      "make serve-only REPO=x   # check, then serve\n#   + TP=4 (comment)\nmake test SERVER_URL=h:1\n```\n"
+                      "make serve-only REPO=x   # check, then serve\n#   + TP=4 (comment)\n"
+                      "make test SERVER_URL=h:1\n```\n"
                       "```bash\nmake serve\n```\n")
     assert readme_commands(readme) == ["make serve-only REPO=x", "make test SERVER_URL=h:1"]
 
@@ -31,7 +32,8 @@ def test_comments_and_continuations_are_not_commands(tmp_path):
 def test_a_line_the_rehearsal_cannot_run_stops_it(tmp_path):
     readme = tmp_path / "README.md"
     for line in ("export TP=2", "make repo ENGINE=trtllm \\\n    HF_MODEL=x"):
-        readme.write_text(f"```bash\ndocker run --rm nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 bash\n{line}\n```\n")
+        readme.write_text(
+            f"```bash\ndocker run --rm nvcr.io/nvidia/tritonserver:26.07-trtllm-python-py3 bash\n{line}\n```\n")
         with pytest.raises(SystemExit, match="none the rehearsal runs"):
             readme_commands(readme)
 

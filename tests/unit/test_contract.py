@@ -31,7 +31,8 @@ def _relaxed(entries):
 
 
 def test_engine_contract_is_exactly_1_2_1():
-    ours = {(s.name, s.data_type, s.dims, s.optional, s.reshape_scalar, s.allow_ragged_batch) for s in TENSORRT_LLM.inputs}
+    ours = {(s.name, s.data_type, s.dims, s.optional, s.reshape_scalar, s.allow_ragged_batch)
+            for s in TENSORRT_LLM.inputs}
     assert ours == upstream.V121_ENGINE_INPUTS
     assert _outputs(TENSORRT_LLM.outputs) == upstream.V121_ENGINE_OUTPUTS
     assert not any(s.extension for s in TENSORRT_LLM.inputs + TENSORRT_LLM.outputs)

@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 
 from bls.contract import TENSORRT_LLM
-from embedded_engine.request import EngineLimits, is_stop_request, parse_generation_requests
 from bls.errors import InvalidRequest
+from embedded_engine.request import EngineLimits, is_stop_request, parse_generation_requests
 
 LIMITS = EngineLimits(vocab_size=1000, max_seq_len=64, max_draft_len=4)
 

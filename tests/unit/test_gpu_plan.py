@@ -10,7 +10,13 @@ import pytest
 
 from engine_build import cli, trtllm
 from engine_build.gpu_plan import (
-    GiB, PROFILES, Capacity, ModelShape, QuantizationMemory, check_fp8_kv_cache, profile_with,
+    PROFILES,
+    Capacity,
+    GiB,
+    ModelShape,
+    QuantizationMemory,
+    check_fp8_kv_cache,
+    profile_with,
 )
 from engine_build.render import parse_model_config
 
@@ -83,7 +89,8 @@ def test_a_dry_run_says_before_starting_what_quantization_needs(tmp_path, no_gpu
 
 def test_profiles_and_single_overrides():
     throughput, latency = PROFILES["throughput"], PROFILES["latency"]
-    assert (throughput.max_batch_size, throughput.max_num_tokens, throughput.enable_chunked_context) == (256, 8192, True)
+    assert (throughput.max_batch_size, throughput.max_num_tokens, throughput.enable_chunked_context) == \
+        (256, 8192, True)
     assert throughput.kv_cache_free_gpu_mem_fraction == 0.9 and throughput.enable_kv_cache_reuse
     assert throughput.batch_scheduler_policy == "guaranteed_no_evict"
     assert latency.max_batch_size == 8

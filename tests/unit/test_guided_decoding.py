@@ -166,7 +166,8 @@ def requests(grammars, prompt, output_len, guides, request_id="g", **extra):
 def test_each_row_of_a_batch_gets_its_own_guide(grammars):
     rows = requests(grammars, [1, 2, 3], 8, [("regex", "a+"), None, ("json_schema", json.dumps(PERSON))])
     assert rows[1].guide is None
-    assert [rows[0].guide.guide, rows[2].guide.guide] == [Guide("regex", "a+"), Guide("json_schema", json.dumps(PERSON))]
+    assert [rows[0].guide.guide, rows[2].guide.guide] == \
+        [Guide("regex", "a+"), Guide("json_schema", json.dumps(PERSON))]
 
 
 def test_a_guided_request_to_an_engine_without_tokenizer_info_is_refused():

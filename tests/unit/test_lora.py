@@ -19,7 +19,12 @@ from embedded_engine.lora_layers import install_lora
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.scheduler import Engine, HFModelRunner
 from engine_build.lora import (
-    AdapterError, adapter_modules, adapter_table, complete_modules, convert_lora_dir, convert_peft_adapter,
+    AdapterError,
+    adapter_modules,
+    adapter_table,
+    complete_modules,
+    convert_lora_dir,
+    convert_peft_adapter,
     write_prefetch_dir,
 )
 
@@ -148,7 +153,7 @@ def test_a_batch_mixing_adapters_and_none_keeps_each_requests_adapter(engine, co
     plan = [(name, index) for index in range(len(PROMPTS)) for name in (None, *converted)]
     running = [submit(engine, request_inputs(PROMPTS[index], None if name is None else converted[name].task_id),
                       request_id=f"mix{n}") for n, (name, index) in enumerate(plan)]
-    for (name, index), (done, tokens) in zip(plan, running):
+    for (name, index), (done, tokens) in zip(plan, running, strict=True):
         assert done.wait(60)
         assert tokens == references[(name, index)], (name, index)
 

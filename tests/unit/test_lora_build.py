@@ -1,5 +1,6 @@
-"""`make repo LORA_DIR=...`: the adapters converted into the engine's prefetch folder and recorded, the LoRA parameters
-of both engines' configs, the trtllm-build flags of the GPU dry run, refusals by name, and `make check-repo`'s checks."""
+"""`make repo LORA_DIR=...`: the adapters converted into the engine's prefetch folder and recorded, the LoRA
+parameters of both engines' configs, the trtllm-build flags of the GPU dry run, refusals by name, and `make
+check-repo`'s checks."""
 
 from __future__ import annotations
 
@@ -173,8 +174,8 @@ def test_the_gpu_dry_run_refuses_adapters_above_the_maximum_rank(lora_dir, tmp_p
 
 
 def test_convert_lora_writes_the_files_nvidias_client_sends(lora_dir, tmp_path):
-    from engine_build.lora import base_llama_config, convert_peft_adapter
     from embedded_engine.lora import LoraLayout
+    from engine_build.lora import base_llama_config, convert_peft_adapter
 
     cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--base", str(ASSETS / "tiny-target-awq"),
               "--task-id", "9", "--out", str(tmp_path / "beta")])

@@ -146,7 +146,7 @@ def test_stop_strings_cut_streamed_text_as_whole_text(text, stops, expected):
     rng = random.Random(3)
     for _ in range(30):  # any split of the text into deltas gives the same result
         cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, len(text) - 1)))
-        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)])]
+        deltas = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         stop = StopStrings(stops)
         out = "".join(stop.push(delta) for delta in deltas) + stop.finish()
         assert out == expected

@@ -104,7 +104,10 @@ def test_tool_data_cannot_inject_control_tokens(bundle):
         return {"messages": history, "tools": [tool]}
 
     benign, hostile = validate_chat(chat("plain words"), "m"), validate_chat(chat(INJECTION), "m")
-    control = lambda ids: [i for i in ids if i in bundle.special_ids]  # noqa: E731
+
+    def control(ids):
+        return [i for i in ids if i in bundle.special_ids]
+
     hostile_ids = bundle.encode_chat(hostile)
     assert control(hostile_ids) == control(bundle.encode_chat(benign))
     assert bundle.decode(hostile_ids, skip_special_tokens=False) == bundle.render_chat(hostile)
@@ -207,7 +210,7 @@ def test_forced_calls_stream_their_arguments_as_generated(output, name, argument
         cuts = sorted(rng.sample(range(1, len(output)), rng.randint(0, min(12, len(output) - 1))))
         stream = ForcedCallStream()
         names, pieces = [], []
-        for a, b in zip([0, *cuts], [*cuts, len(output)]):
+        for a, b in zip([0, *cuts], [*cuts, len(output)], strict=True):
             named, piece = stream.push(output[a:b])
             names += [named] if named is not None else []
             pieces.append(piece)

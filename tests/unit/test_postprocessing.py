@@ -91,7 +91,7 @@ def test_a_batch_of_requests_each_decoded_alone(bundle):
     singles = emoji + words + emoji
     assert texts[:-1] == [[bundle.decode([token], True).encode("utf-8")] for token in singles]
     assert texts[0] == ["\ufffd".encode("utf-8")]  # one piece of the emoji alone
-    assert texts[-1] == [" ça va".encode("utf-8")]
+    assert texts[-1] == [" ça va".encode()]
     assert texts[: len(emoji)] == texts[len(emoji) + len(words): -1]  # the remembered texts are the same
 
 
@@ -100,8 +100,9 @@ def test_a_batch_whose_every_request_is_bad(bundle):
         {"TOKENS_BATCH": np.array([[[-1]]], np.int32), "SEQUENCE_LENGTH": np.array([[1]], np.int32)},
         {"TOKENS_BATCH": np.zeros((1, 1, 2), np.int32)},
     ])
-    assert [(r.field, r.problem) for r in results] == [("TOKENS_BATCH", "token id -1 is outside the vocabulary "
-                                                        f"[0, {bundle.vocab_size})"), ("SEQUENCE_LENGTH", "is required")]
+    assert [(r.field, r.problem) for r in results] == [
+        ("TOKENS_BATCH", f"token id -1 is outside the vocabulary [0, {bundle.vocab_size})"),
+        ("SEQUENCE_LENGTH", "is required")]
 
 
 def test_a_response_without_tokens_decodes_to_empty_text(bundle):

@@ -40,7 +40,7 @@ def check_contract(outputs: dict[str, np.ndarray], batch: int) -> None:
         spec = PREPROCESSING.output(name)
         assert array.dtype == triton_to_np_dtype(spec.data_type.removeprefix("TYPE_").replace("STRING", "BYTES")), name
         assert array.shape[0] == batch and array.ndim == len(spec.dims) + 1, name
-        for size, dim in zip(array.shape[1:], spec.dims):
+        for size, dim in zip(array.shape[1:], spec.dims, strict=True):
             assert dim == -1 or size == dim, name
 
 
@@ -212,4 +212,5 @@ def test_megabytes_of_text_are_refused_before_tokenizing(bundle):
                           (request(messages=[{"role": "user", "content": huge}]), "MESSAGES")):
         with pytest.raises(InvalidRequest) as error:
             limited(inputs)
-        assert error.value.field == field and "bytes" in error.value.problem and "max_input_len 100" in error.value.problem
+        problem = error.value.problem
+        assert error.value.field == field and "bytes" in problem and "max_input_len 100" in problem

@@ -15,9 +15,24 @@ import numpy as np
 import pytest
 
 from bls.relay import (
-    CANCELLED, ENGINE_ERROR, ENGINE_FINAL, ENGINE_RESPONSE, MAX_FRAME_BYTES, EngineCallError, RelayConnections,
-    RelayDisconnected, RelayedRequest, claim_frame, decode_tensors, encode_tensors, engine_cancel_frame,
-    engine_request_frame, error_frame, relay_frames, response_frame, stream_token,
+    CANCELLED,
+    ENGINE_ERROR,
+    ENGINE_FINAL,
+    ENGINE_RESPONSE,
+    MAX_FRAME_BYTES,
+    EngineCallError,
+    RelayConnections,
+    RelayDisconnected,
+    RelayedRequest,
+    claim_frame,
+    decode_tensors,
+    encode_tensors,
+    engine_cancel_frame,
+    engine_request_frame,
+    error_frame,
+    relay_frames,
+    response_frame,
+    stream_token,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "relay_frames"

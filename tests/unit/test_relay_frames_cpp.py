@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from engine_build.repository import RELAY_DIR, _compiler, can_compile_relay, relay_include_dir
+from engine_build.repository import RELAY_DIR, RELAY_WARNINGS, _compiler, can_compile_relay, relay_include_dir
 from tests.unit.test_relay_frames import FIXTURES
 
 
@@ -16,7 +16,7 @@ def test_the_relays_frame_code_passes_its_test_binary(tmp_path):
         pytest.skip("no C++ compiler (g++ or CXX): the relay is not built here either")
     binary = tmp_path / "frames_test"
     compiled = subprocess.run(
-        [_compiler(), "-std=c++17", "-O1", "-g", "-Wall", "-Wextra", "-Werror", "-fsanitize=address,undefined",
+        [_compiler(), "-std=c++17", "-O1", "-g", *RELAY_WARNINGS, "-fsanitize=address,undefined",
          "-fno-sanitize-recover=all", f"-I{relay_include_dir()}", "-o", str(binary),
          str(RELAY_DIR / "tests" / "frames_test.cc"), str(RELAY_DIR / "frames.cc"), str(RELAY_DIR / "token.cc")],
         capture_output=True, text=True)

@@ -7,7 +7,11 @@ import pytest
 
 from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
 from engine_build.repository import (
-    RepositoryError, RepositorySettings, assemble_repository, default_bls_instance_count, engine_is_relayed,
+    RepositoryError,
+    RepositorySettings,
+    assemble_repository,
+    default_bls_instance_count,
+    engine_is_relayed,
     read_manifest,
 )
 
@@ -179,7 +183,8 @@ def test_refuses_to_overwrite_a_foreign_directory(tmp_path):
     (tmp_path / "repo" / "precious.txt").write_text("keep me")
     with pytest.raises(RuntimeError, match="refusing to overwrite"):
         assemble_repository(tmp_path / "repo", RepositorySettings(
-            engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
+            engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"),
+            target=_fake_checkpoint(tmp_path / "t")))
     assert (tmp_path / "repo" / "precious.txt").read_text() == "keep me"
 
 

@@ -205,7 +205,7 @@ def test_a_round_is_sent_inside_one_cork():
     senders = [Recorder() for _ in reqs]
     dispatcher = ResponseDispatcher(corked=Cork)
     try:
-        for req, sender in zip(reqs, senders):
+        for req, sender in zip(reqs, senders, strict=True):
             stream = TritonRequestStream([req], sender, vocab_size=10)
             dispatcher.submit(stream, EngineEvent(req, token_ids=[1]))
             dispatcher.submit(stream, EngineEvent(req, token_ids=[2], finished=True, finish_reason="length"))
@@ -224,7 +224,7 @@ def test_a_steps_events_wait_for_the_step_to_end():
     dispatcher = ResponseDispatcher()
     try:
         with dispatcher.step():
-            for req, sender in zip(reqs, senders):
+            for req, sender in zip(reqs, senders, strict=True):
                 stream = TritonRequestStream([req], sender, vocab_size=10)
                 dispatcher.submit(stream, EngineEvent(req, token_ids=[1], finished=True, finish_reason="length"))
             time.sleep(0.2)

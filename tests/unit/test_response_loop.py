@@ -284,7 +284,7 @@ def test_a_self_sending_thread_builds_every_response_of_its_round_before_the_fir
     def sweep():
         loop.send_waiting()
         streams = [loop.open(transport, join_texts) for transport in transports]
-        for stream, transport in zip(streams, transports):
+        for stream, transport in zip(streams, transports, strict=True):
             stream.send(text(transport.name + "1"))
         loop.send_waiting()
         for stream in streams:

@@ -3,8 +3,8 @@ import pytest
 import torch
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from embedded_engine.sampling import SamplingParams, TokenSampler
 from bls.word_lists import WordList
+from embedded_engine.sampling import SamplingParams, TokenSampler
 
 VOCAB = 32
 

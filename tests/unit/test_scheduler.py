@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
+from bls.finish_reason import FinishReason
 from embedded_engine.prefix_cache import PrefixCacheLimits
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.responses import TritonRequestStream
 from embedded_engine.scheduler import Engine, EngineShutDown, HFModelRunner, build_engine
 from embedded_engine.settings import EngineSettings
-from bls.finish_reason import FinishReason
 from embedded_engine.synthetic import TEXT_CYCLE, SyntheticRunner
 
 VOCAB = 256
@@ -86,9 +86,9 @@ class Collector:
 def test_greedy_output_equals_model_generate_for_concurrent_requests(model, engine):
     collectors = [Collector() for _ in PROMPTS]
     order = []
-    for index, (prompt, collector) in enumerate(zip(PROMPTS, collectors)):
+    for index, (prompt, collector) in enumerate(zip(PROMPTS, collectors, strict=True)):
         engine.submit(make_request(prompt, 12, f"r{index}"), lambda e, c=collector, i=index: (order.append(i), c(e)))
-    for prompt, collector in zip(PROMPTS, collectors):
+    for prompt, collector in zip(PROMPTS, collectors, strict=True):
         collector.wait()
         assert collector.tokens == greedy(model, prompt, 12)
         assert collector.final.finish_reason == FinishReason.LENGTH
@@ -376,7 +376,7 @@ def test_speculative_rounds_with_rejected_drafts_equal_generate_with_and_without
         verifications = [feed for feed in feeds if feed[1] > 1]
         if reuse:  # every round after the first feeds only its last sequence token and the draft
             assert verifications[1:] == [(len(prompt) + offset - 1, len(draft) + 1)
-                                         for offset, (draft, _) in zip((5, 10, 13, 16), rounds[1:])]
+                                         for offset, (draft, _) in zip((5, 10, 13, 16), rounds[1:], strict=True)]
     assert outputs[True] == outputs[False] == expected
 
 

@@ -5,12 +5,12 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from bls.finish_reason import FinishReason
+from bls.word_lists import WordList
+from embedded_engine.draft_verification import accept_tokens
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.sampling import SamplingParams, TokenSampler
 from embedded_engine.scheduler import Engine, HFModelRunner
-from embedded_engine.draft_verification import accept_tokens
-from bls.finish_reason import FinishReason
-from bls.word_lists import WordList
 from embedded_engine.stopping import StopCriteria
 
 VOCAB = 50

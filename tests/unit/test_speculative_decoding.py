@@ -100,7 +100,7 @@ def test_exact_max_tokens_and_no_draft_beyond_it():
     engines = FakeEngines(draft_error_every=10**9)
     tokens, stats = run(engines, [4, 6], 10, 4)
     assert len(tokens) == 10 and stats.acceptance_rate == 1.0
-    for model, seq_len, n in engines.calls:  # never asks for more than what is left
+    for _model, seq_len, n in engines.calls:  # never asks for more than what is left
         assert seq_len - 2 + n <= 10
 
 

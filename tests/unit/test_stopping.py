@@ -1,10 +1,10 @@
 import numpy as np
 import pytest
 
+from bls.errors import InvalidRequest
 from bls.finish_reason import FinishReason
 from bls.word_lists import WordList
 from embedded_engine.stopping import StopCriteria
-from bls.errors import InvalidRequest
 
 VOCAB = 100
 

@@ -8,14 +8,15 @@ by the integration tests.
 from __future__ import annotations
 
 import threading
+from itertools import pairwise
 
 import numpy as np
 import pytest
 
 from bls.errors import InvalidRequest
+from bls.generation.generator import BlsConfig, TextGenerator, TextRequest, merge_streamed
 from bls.text.postprocessing import Postprocessor
 from bls.text.preprocessing import Preprocessor
-from bls.generation.generator import BlsConfig, TextGenerator, TextRequest, merge_streamed
 
 # Byte-level pieces that split "é", "🙂" and "世" across tokens, plus ordinary words.
 SCRIPT_TEXT = "Hi é 🙂 世界 done"
@@ -110,7 +111,7 @@ def test_accumulate_tokens_sends_the_whole_text_so_far(bundle, models):
     TextGenerator(config, models, bundle).generate(request(config, stream=[[True]]), sink)
     texts = [text_of(r) for r in sink.responses]
     assert texts[-1] == SCRIPT_TEXT
-    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:]))
+    assert all(later.startswith(earlier) for earlier, later in pairwise(texts))
 
 
 @pytest.mark.parametrize("accumulate", [False, True])
@@ -124,7 +125,7 @@ def test_stream_interval_sends_every_nth_token_after_the_first(bundle, models, a
     assert [int(r["num_output_tokens"][0, 0]) for r in sink.responses[:-1]] == [1, 4, 5]
     texts = [text_of(r) for r in sink.responses]
     if accumulate:
-        assert texts[-1] == SCRIPT_TEXT and all(b.startswith(a) for a, b in zip(texts, texts[1:]))
+        assert texts[-1] == SCRIPT_TEXT and all(b.startswith(a) for a, b in pairwise(texts))
     else:
         assert "".join(texts) == SCRIPT_TEXT
 
@@ -201,7 +202,9 @@ def test_merged_responses_carry_the_same_text_and_count(bundle, models, accumula
 
 
 def test_merged_responses_join_per_token_outputs_and_keep_rows_apart():
-    row = lambda index: np.array([[index]], np.int32)  # noqa: E731
+    def row(index):
+        return np.array([[index]], np.int32)
+
     first = {"text_output": np.array([b"a"], dtype=object), "output_log_probs": np.array([[-1.0]], np.float32),
              "cum_log_probs": np.array([[-1.0]], np.float32), "batch_index": row(0)}
     second = {"text_output": np.array([b"b"], dtype=object), "output_log_probs": np.array([[-2.0]], np.float32),

@@ -7,13 +7,20 @@ from argparse import Namespace
 
 import pytest
 
-from engine_build.settings_args import text_instance_settings
 from engine_build.render import parse_model_config
 from engine_build.repository import (
-    HANDOFF_MODEL, RELAY_LIBRARY, TARGET_MODEL, RepositorySettings, assemble_repository, default_handoff_sender_threads, default_postprocessing_instance_count,
-    default_preprocessing_instance_count, read_manifest,
+    HANDOFF_MODEL,
+    RELAY_LIBRARY,
+    TARGET_MODEL,
+    RepositorySettings,
+    assemble_repository,
+    default_handoff_sender_threads,
+    default_postprocessing_instance_count,
+    default_preprocessing_instance_count,
+    read_manifest,
 )
 from bls.contract import HANDOFF_TEXT_STATE
+from engine_build.settings_args import text_instance_settings
 from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
 

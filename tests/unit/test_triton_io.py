@@ -58,7 +58,7 @@ class _MetricFamily:
     def __init__(self, name, description, kind):
         _MetricFamily.created.append(name)
 
-    def Metric(self, labels, buckets=None):  # noqa: N802 - pb_utils' name
+    def Metric(self, labels, buckets=None):  # pb_utils' name
         return _RecordedMetric()
 
 
@@ -198,7 +198,7 @@ def test_errors_name_the_field_and_hide_tracebacks(triton_io):
     assert response.error.message() == "MESSAGES: is not valid JSON"
 
     try:
-        1 / 0
+        raise ZeroDivisionError("division by zero")
     except ZeroDivisionError as error:
         caught = error
     internal = triton_io.error_response(caught, "preprocessing")  # outside the except, as engine events are

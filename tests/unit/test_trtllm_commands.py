@@ -47,7 +47,7 @@ def _flags(argv: list[str]) -> dict[str, str]:
     assert argv[0] == "trtllm-build"
     pairs = argv[1:]
     assert len(pairs) % 2 == 0 and all(p.startswith("--") for p in pairs[::2])
-    return dict(zip(pairs[::2], pairs[1::2]))
+    return dict(zip(pairs[::2], pairs[1::2], strict=True))
 
 
 def test_target_command_uses_only_documented_flags():
