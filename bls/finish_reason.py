@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     END_ID = "end_id"  # the engine sampled end_id (not part of the output)
     STOP_WORDS = "stop_words"  # a stop word completed (part of the output)
     STOP = "stop"  # one of the two above, where the caller cannot tell which (an engine does not say)
@@ -13,7 +13,7 @@ class FinishReason(str, Enum):
     CANCELLED = "cancelled"  # the client went away or sent `stop`
 
     @property
-    def reported(self) -> "FinishReason":
+    def reported(self) -> FinishReason:
         """What clients and metrics see: OpenAI's vocabulary (stop, length) plus cancelled."""
         return FinishReason.STOP if self in (FinishReason.END_ID, FinishReason.STOP_WORDS) else self
 

@@ -1,8 +1,8 @@
 """The request-level LLM metrics operators watch first, one definition for every model that serves text.
 
 Names, buckets and meaning are defined here once; `tensorrt_llm_bls` reports them through the Python backend
-(bls.triton_io.metrics.Metrics), the ensemble's handoff through the same families in C++ (relay/request_metrics.cc, a copy
-that tests/unit/test_llm_metrics.py holds to this file). Every family has the label `model` (the model clients
+(bls.triton_io.metrics.Metrics), the ensemble's handoff through the same families in C++ (relay/request_metrics.cc,
+a copy that tests/unit/test_llm_metrics.py holds to this file). Every family has the label `model` (the model clients
 call: `tensorrt_llm_bls`, `ensemble`), so one dashboard shows each path. docs/operations.md ("Metrics") puts each
 beside its vLLM and trtllm-serve equivalent.
 
@@ -14,8 +14,9 @@ time per output token after the first (vLLM's `request_time_per_output_token_sec
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from bls.finish_reason import REPORTED_FINISH_REASONS, FinishReason
 

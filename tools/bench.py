@@ -40,7 +40,7 @@ from pathlib import Path
 # cores from the server being measured.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from tools.bench_common import BenchContext, Row, default_client_processes, format_value  # noqa: E402
+from tools.bench_common import BenchContext, Row, default_client_processes, format_value
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def format_table(title: str, rows: list[Row], seconds: float) -> str:
 
     def line(values) -> str:
         return "  ".join(value.rjust(width) if i in (1, 2) else value.ljust(width)
-                         for i, (value, width) in enumerate(zip(values, widths))).rstrip()
+                         for i, (value, width) in enumerate(zip(values, widths, strict=True))).rstrip()
 
     out = [f"== {title} ({seconds:.0f} s) ==", line(header), line("-" * w for w in widths)]
     out += [line(values) for values in cells[1:]]
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="section streaming, throughput runs: instances of the synthetic engine (many-core "
                              "hosts: enough that the engine stand-in is not the bottleneck; the paced runs use one, "
                              "as a GPU engine steps every stream at once)")
-    parser.add_argument("--bls-instances", type=int, help="section streaming: BLS instances (default: the repository's)")
+    parser.add_argument("--bls-instances", type=int,
+                        help="section streaming: BLS instances (default: the repository's)")
     parser.add_argument("--engine-step-ms", type=float, default=0.0,
                         help="section streaming: the engine's least step time in the throughput runs (default 0: as "
                              "fast as the CPU lets it, running ahead of its own sending; any value > 0 also makes the "

@@ -13,9 +13,10 @@ import multiprocessing.synchronize
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from engine_build.repository import repository_tokenizer, variant_repository
 from serving.tritonserver import TritonServer
@@ -139,7 +140,7 @@ class LoadRun:
     client_cpu_s: float = 0.0  # CPU (user + system) of every client process during its window, all threads
     client_processes: int = 1
     busiest_client_cores: float = 0.0  # the most any one client process used of a core over its own window
-    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (see testkit.processes.cpu_seconds)
+    server_cpu_s: dict[str, float] = field(default_factory=dict)  # per server process (testkit.processes.cpu_seconds)
 
     @property
     def client_cores(self) -> float:
@@ -232,7 +233,7 @@ def run_clients(http_url: str, clients: int, work: Callable[[HttpSession, int], 
     try:
         ready.wait(timeout=_READY_TIMEOUT_S)
         parts = []
-        for receiver, worker in zip(pipes, workers):
+        for receiver, worker in zip(pipes, workers, strict=True):
             try:
                 part = receiver.recv()
             except EOFError:

@@ -44,11 +44,11 @@ import time
 from pathlib import Path
 
 from engine_build.repository import engine_is_relayed, relay_include_dir
-from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
-from tools.bench_pipeline import engine_body
 from testkit.http import HttpSession
 from testkit.processes import ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
 from testkit.stats import percentile
+from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
+from tools.bench_pipeline import engine_body
 
 STREAM_TOKENS = 256
 BENCH_MODELS = Path(__file__).resolve().parent / "bench_models"  # stub_send (Python) and send_cpp (C++)
@@ -244,17 +244,18 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         ENSEMBLE_RATIO_TARGET.get(clients)))
         # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
-        rows.append(Row(f"{clients:>3} streams: BLS responses per token", _responses_per_token(runs["tensorrt_llm_bls"]),
-                        "x"))
-        rows.append(Row(f"{clients:>3} streams: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]),
-                        "ms"))
-        rows.append(Row(f"{clients:>3} streams: BLS first token p50", _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
+        rows.append(Row(f"{clients:>3} streams: BLS responses per token",
+                        _responses_per_token(runs["tensorrt_llm_bls"]), "x"))
+        rows.append(Row(f"{clients:>3} streams: engine alone first token p50",
+                        _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
+        rows.append(Row(f"{clients:>3} streams: BLS first token p50",
+                        _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
         rows.append(Row(f"{clients:>3} streams: ensemble first token p50", _first_token_p50_ms(runs["ensemble"]), "ms"))
         bls = runs["tensorrt_llm_bls"]
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
-        rows.append(Row(f"{clients:>3} streams: CPU per token, of it the relay thread", _cpu_us_per_token(bls, RELAY_THREAD),
-                        "µs"))
+        rows.append(Row(f"{clients:>3} streams: CPU per token, of it the relay thread",
+                        _cpu_us_per_token(bls, RELAY_THREAD), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, tritonserver (BLS run; incl. both relays)",
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, engine (BLS run; Python + its relay)",

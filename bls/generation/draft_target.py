@@ -17,8 +17,9 @@ behaviours are handled, so the loop does not depend on which one a TensorRT-LLM 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -99,7 +100,7 @@ class DraftTargetDecoder:
                 if engine_stopped or hit_stop_word:
                     stats.finish_reason = FinishReason.STOP
                     return stats
-        except GenerationCancelled:  # the client went away during a round (bls.relay_engine.RelayedEngineStreams.cancel)
+        except GenerationCancelled:  # the client went away mid-round (bls.relay_engine.RelayedEngineStreams.cancel)
             stats.finish_reason = FinishReason.CANCELLED
             return stats
         stats.finish_reason = FinishReason.LENGTH

@@ -15,18 +15,19 @@ exactly the non-streamed text.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
-from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
-from bls.text.detokenizer import IncrementalDetokenizer
 from bls.batch import BatchInputs, decode_utf8, refuse_deep_json
+from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE, TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from bls.errors import GenerationCancelled, InvalidRequest
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
+from bls.text.detokenizer import IncrementalDetokenizer
 from bls.word_lists import WordList
 
 Tensors = dict[str, np.ndarray]
@@ -112,7 +113,7 @@ class TextRequest:
     engine_outputs: tuple[str, ...]  # what to ask the engine for
 
     @classmethod
-    def from_inputs(cls, inputs: Mapping[str, np.ndarray], config: BlsConfig, request_id: str) -> "TextRequest":
+    def from_inputs(cls, inputs: Mapping[str, np.ndarray], config: BlsConfig, request_id: str) -> TextRequest:
         """`request_id`: unique per request (bls.transports.unique_request_id): child requests are stopped by id."""
         if "max_tokens" not in inputs:
             raise InvalidRequest("max_tokens", "is required")
@@ -169,9 +170,13 @@ class TextRequest:
             batch_size=batch_size,
             stream=stream,
             stream_token_counts=rows.uniform_scalar("return_num_output_tokens", bool, False),
-            exclude_input_in_output=rows.uniform_scalar("exclude_input_in_output", bool, config.exclude_input_in_output),
+            exclude_input_in_output=rows.uniform_scalar(
+                "exclude_input_in_output", bool, config.exclude_input_in_output
+            ),
             num_draft_tokens=num_draft_tokens,
-            engine_outputs=("output_ids", "sequence_length", *(name for flag in asked for name in _OUTPUTS_ASKED_BY[flag])),
+            engine_outputs=(
+                "output_ids", "sequence_length", *(name for flag in asked for name in _OUTPUTS_ASKED_BY[flag])
+            ),
             preprocessing_inputs={pre: inputs[text] for text, pre in TEXT_TO_PREPROCESSING.items() if text in inputs},
             engine_inputs={
                 engine: inputs[text]
@@ -264,7 +269,7 @@ class TextGenerator:
                     outputs[name] = np.concatenate([r.details[name] for r in results])
             sink.send(outputs, final=True)
         else:
-            texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results)]
+            texts = [self._final_text(request, pre, row, result) for row, result in zip(rows, results, strict=True)]
             outputs = self._summary(request, results)
             outputs["text_output"] = _strings(texts)
             if request.batch_size == 1:  # several rows with details are refused in from_inputs
@@ -441,7 +446,9 @@ def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensor
     every other output the later one's (token counts and cumulative values are running totals). None for
     responses of different batch rows, which go apart."""
     earlier_row, later_row = earlier.get("batch_index"), later.get("batch_index")
-    if (earlier_row is None) != (later_row is None) or (earlier_row is not None and earlier_row.item() != later_row.item()):
+    if (earlier_row is None) != (later_row is None) or (
+        earlier_row is not None and earlier_row.item() != later_row.item()
+    ):
         return None
     merged = {**earlier, **later}
     if not accumulate and "text_output" in earlier and "text_output" in later:

@@ -12,8 +12,9 @@ special-token string inside them as text (bls.text.tokenizer.TokenizerBundle.enc
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 from bls.batch import decode_json
 from bls.errors import InvalidRequest
@@ -163,7 +164,8 @@ def validate_chat(value: Any, field: str) -> Chat:
         unknown = sorted(set(value) - {"messages", "tools"})
         if unknown or "messages" not in value:
             raise InvalidRequest(field, 'must be a JSON list of {"role": ..., "content": ...} objects, or an object '
-                                        f'{{"messages": [...], "tools": [...]}}{f"; unknown keys {unknown}" if unknown else ""}')
+                                        '{"messages": [...], "tools": [...]}'
+                                        f'{f"; unknown keys {unknown}" if unknown else ""}')
         tools = _validate_tools(value.get("tools"), field)
         value = value["messages"]
     if not isinstance(value, list):
@@ -206,17 +208,22 @@ def _validate_message(item: Any, index: int, field: str) -> ChatMessage:
 
 def _validate_tool_call(call: Any, index: int, field: str) -> ToolCall:
     where = f"message {index}: tool_calls"
-    if not isinstance(call, dict) or set(call) - {"id", "type", "function"} or call.get("type", "function") != "function":
-        raise InvalidRequest(field, f'{where}: each is {{"id", "type": "function", "function": {{"name", "arguments"}}}}')
+    if (not isinstance(call, dict) or set(call) - {"id", "type", "function"}
+            or call.get("type", "function") != "function"):
+        raise InvalidRequest(field,
+                             f'{where}: each is {{"id", "type": "function", "function": {{"name", "arguments"}}}}')
     function = call.get("function")
-    if not isinstance(function, dict) or set(function) - {"name", "arguments"} or not isinstance(function.get("name"), str):
+    if (not isinstance(function, dict) or set(function) - {"name", "arguments"}
+            or not isinstance(function.get("name"), str)):
         raise InvalidRequest(field, f'{where}: function must be {{"name": string, "arguments": JSON object}}')
     arguments = function.get("arguments", {})
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError as error:
-            raise InvalidRequest(field, f"{where}: arguments of {function['name']!r} are not valid JSON ({error})") from None
+            raise InvalidRequest(
+                field, f"{where}: arguments of {function['name']!r} are not valid JSON ({error})"
+            ) from None
     if not isinstance(arguments, dict):
         raise InvalidRequest(field, f"{where}: arguments of {function['name']!r} must be a JSON object")
     call_id = call.get("id")

@@ -16,8 +16,8 @@ from typing import Literal
 
 import numpy as np
 
-from bls.errors import InvalidRequest
 from bls.batch import BatchInputs
+from bls.errors import InvalidRequest
 from bls.lora_names import lora_task_ids
 from bls.text.chat import parse_chat
 from bls.text.tokenizer import TokenizerBundle
@@ -155,7 +155,9 @@ class Preprocessor:
             )
         decoder_ids = []
         if rows.has("DECODER_QUERY"):
-            decoder_ids = self.bundle.encode_text(rows.text("DECODER_QUERY", row), add_special_tokens=self.add_special_tokens)
+            decoder_ids = self.bundle.encode_text(
+                rows.text("DECODER_QUERY", row), add_special_tokens=self.add_special_tokens
+            )
 
         # -1 is the engine's "never stop at an end id" (benchmarks force max_tokens with it).
         end_id = self._token_id(rows, row, "END_ID", self.bundle.end_id, lowest=-1)
@@ -191,7 +193,7 @@ def _pad(sequences: list[list[int]], pad_ids: list[int]) -> tuple[np.ndarray, np
     """Right-pad each sequence with its own pad id: ([batch, max(1, longest)], lengths [batch, 1])."""
     width = max(1, max(len(ids) for ids in sequences))
     padded = np.empty((len(sequences), width), np.int32)
-    for row, (ids, pad_id) in enumerate(zip(sequences, pad_ids)):
+    for row, (ids, pad_id) in enumerate(zip(sequences, pad_ids, strict=True)):
         padded[row, :] = pad_id
         padded[row, : len(ids)] = ids
     lengths = np.array([[len(ids)] for ids in sequences], np.int32)

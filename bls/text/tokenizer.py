@@ -16,8 +16,8 @@ import json
 import re
 import secrets
 import threading
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import jinja2
 import numpy as np
@@ -84,7 +84,7 @@ class TokenizerBundle:
         self._special_token_fragments = ("<|", "|>") if llama_style else ("",)
 
     @classmethod
-    def from_dir(cls, tokenizer_dir: str | Path) -> "TokenizerBundle":
+    def from_dir(cls, tokenizer_dir: str | Path) -> TokenizerBundle:
         tokenizer_dir = Path(tokenizer_dir)
         # fix_mistral_regex=False silences a spurious Mistral-regex warning of transformers 4.57.3 for local
         # checkpoints it saved; Llama 3's pre-tokenizer pattern is not affected.
@@ -212,8 +212,8 @@ class TokenizerBundle:
             start = text.index(core) if core else 0
             return f"{text[:start]}{open_marker}{core}{close_marker}{text[start + len(core):]}"
 
-        marked = self._apply_template(chat, [_marked_message(m, mark) for m in chat.messages],
-                                      None if chat.tools is None else [_marked_json(t, mark) for t in chat.tools], field)
+        marked_tools = None if chat.tools is None else [_marked_json(t, mark) for t in chat.tools]
+        marked = self._apply_template(chat, [_marked_message(m, mark) for m in chat.messages], marked_tools, field)
         parts = re.split(f"{re.escape(open_marker)}(.*?){re.escape(close_marker)}", marked, flags=re.DOTALL)
         if "".join(parts) != plain:
             raise InvalidRequest(
@@ -273,7 +273,7 @@ class TokenizerBundle:
         if len(words) != len(weights):
             raise InvalidRequest(weights_field, f"has {len(weights)} weights for {len(words)} words in {words_field}")
         bias = np.zeros(self.vocab_size, np.float32)
-        for word, weight in zip(words, weights):
+        for word, weight in zip(words, weights, strict=True):
             if not word:
                 continue
             if not np.isfinite(weight):
@@ -312,9 +312,8 @@ class TokenizerBundle:
 
 
 def _marked_message(message: ChatMessage, mark) -> dict:
-    marked = ChatMessage(message.role, mark(message.content),
-                         tuple(ToolCall(mark(c.name), _marked_json(c.arguments, mark), c.id) for c in message.tool_calls),
-                         message.tool_call_id)
+    calls = tuple(ToolCall(mark(c.name), _marked_json(c.arguments, mark), c.id) for c in message.tool_calls)
+    marked = ChatMessage(message.role, mark(message.content), calls, message.tool_call_id)
     return marked.template_dict()
 
 

@@ -1,4 +1,5 @@
-"""embedded_engine.cancellation: the asks of a process share one rate, so their cost follows the work, not the stream count."""
+"""embedded_engine.cancellation: the asks of a process share one rate, so their cost follows the work, not the stream
+count."""
 
 from __future__ import annotations
 

@@ -13,13 +13,13 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
-from bls.contract import POSTPROCESSING  # noqa: E402
-from bls.text.postprocessing import Postprocessor  # noqa: E402
-from bls.text.tokenizer import TokenizerBundle  # noqa: E402
-from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool, read_inputs  # noqa: E402
-from bls.triton_io.responses import error_response, make_response  # noqa: E402
+import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
+from bls.contract import POSTPROCESSING
+from bls.server_watch import exit_with_server
+from bls.text.postprocessing import Postprocessor
+from bls.text.tokenizer import TokenizerBundle
+from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool, read_inputs
+from bls.triton_io.responses import error_response, make_response
 
 MODEL = "postprocessing"
 
@@ -48,7 +48,7 @@ class TritonPythonModel:
             decoded = self.postprocess.decode_each(inputs)
         except Exception as error:  # noqa: BLE001 - unexpected: every request of the batch gets it
             decoded = [error] * len(inputs)
-        for index, result in zip(readable, decoded):
+        for index, result in zip(readable, decoded, strict=True):
             results[index] = result
         return [error_response(result, MODEL) if isinstance(result, Exception) else make_response(result)
                 for result in results]

@@ -20,9 +20,10 @@ import json
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
@@ -31,30 +32,36 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-from bls.contract import TENSORRT_LLM, ModelContract  # noqa: E402
-from bls.errors import InvalidRequest  # noqa: E402
-from bls.relay import RelayConnections, RelayedRequest  # noqa: E402
-from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io.lock import PB_LOCK  # noqa: E402
-from bls.triton_io.metrics import Metrics  # noqa: E402
-from bls.triton_io.requests import (  # noqa: E402
-    check_shipped_files, model_parameters, parse_bool, read_inputs, request_parameters,
+from bls.contract import TENSORRT_LLM, ModelContract
+from bls.errors import InvalidRequest
+from bls.relay import RelayConnections, RelayedRequest
+from bls.server_watch import exit_with_server
+from bls.triton_io.lock import PB_LOCK
+from bls.triton_io.metrics import Metrics
+from bls.triton_io.requests import (
+    check_shipped_files,
+    model_parameters,
+    parse_bool,
+    read_inputs,
+    request_parameters,
 )
-from bls.triton_io.responses import error_response, make_response  # noqa: E402
-from bls.triton_io.senders import RelayedSender, StubSender  # noqa: E402
-from embedded_engine.cancellation import PROCESS_CHECKS  # noqa: E402
-from embedded_engine.guided import GrammarCache, guided_decoding_file  # noqa: E402
-from embedded_engine.request import is_stop_request, parse_generation_requests  # noqa: E402
-from embedded_engine.responses import (  # noqa: E402
+from bls.triton_io.responses import error_response, make_response
+from bls.triton_io.senders import RelayedSender, StubSender
+from embedded_engine.cancellation import PROCESS_CHECKS
+from embedded_engine.guided import GrammarCache, guided_decoding_file
+from embedded_engine.metrics import BackendMetrics
+from embedded_engine.request import is_stop_request, parse_generation_requests
+from embedded_engine.responses import (
     CollectingSender,
     ResponseDispatcher,
     ResponseSender,
     TritonRequestStream,
 )
-from embedded_engine.metrics import BackendMetrics  # noqa: E402
-from embedded_engine.scheduler import EngineEvent, build_engine  # noqa: E402
-from embedded_engine.settings import (  # noqa: E402
-    DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS, EngineSettings,
+from embedded_engine.scheduler import EngineEvent, build_engine
+from embedded_engine.settings import (
+    DEFAULT_MAX_ACTIVE_REQUESTS,
+    DEFAULT_MAX_QUEUED_REQUESTS,
+    EngineSettings,
 )
 
 # How long unloading waits for running generations before ending them with an error.
@@ -205,7 +212,7 @@ class TritonPythonModel:
                 poll.close()
                 raise
             self._update_load()
-        except Exception as error:
+        except Exception as error:  # noqa: BLE001 - every failure becomes this request's error, never the server's
             sender.send_error(error)
 
     def _stop(self, request_id: str) -> None:
