@@ -34,9 +34,9 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -80,7 +80,7 @@ class RelayedRequest:
     token: bytes
 
     @classmethod
-    def from_parameters(cls, parameters: Mapping[str, object]) -> "RelayedRequest | None":
+    def from_parameters(cls, parameters: Mapping[str, object]) -> RelayedRequest | None:
         """From the request's parameters; None for a request that did not come through the relay, including one
         whose relay parameters the relay did not write (logged): a socket that is not a relay's, or a token that
         is not the stream's."""
@@ -248,7 +248,7 @@ class EngineCallError(RuntimeError):
 class RelayEngineCall:
     """One engine request sent through the relay, its responses handed on by the connection's reader thread."""
 
-    def __init__(self, connection: "RelayConnection", call: int, on_event: Callable[[dict], bool],
+    def __init__(self, connection: RelayConnection, call: int, on_event: Callable[[dict], bool],
                  on_end: Callable[[], None] | None):
         self._connection = connection
         self._call = call
@@ -458,7 +458,7 @@ class RelayConnection:
             if engine_events and self._after_sweep is not None:
                 try:
                     self._after_sweep()
-                except Exception:  # noqa: BLE001 - this thread reads every engine call of the process: it goes on
+                except Exception:
                     log.exception("relay %s: the after-sweep call failed", self._socket_name)
             pause = swept + self.SWEEP_S - time.monotonic()
             if engine_events > 1 and pause > 0:

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import queue
 import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 

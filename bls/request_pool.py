@@ -9,8 +9,8 @@ decoupled model's requests, they leave it as soon as `execute` returns.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import Callable
 
 from bls.errors import Unavailable
 

@@ -23,8 +23,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -58,7 +59,7 @@ class _Outgoing:
 class QueuedStream:
     """The response sink of one request: sends return at once; the loop sends in order."""
 
-    def __init__(self, loop: "ResponseLoop", transport: Transport, merge: Merge):
+    def __init__(self, loop: ResponseLoop, transport: Transport, merge: Merge):
         self._loop = loop
         self._transport = transport
         self._merge = merge
@@ -163,7 +164,7 @@ class QueuedStream:
     def _end_with(self, error: BaseException) -> None:
         try:
             self._transport.send_error(error)
-        except Exception:  # noqa: BLE001 - best effort: the transport is already failing
+        except Exception:
             log.exception("ending a failed stream failed too")
 
 
@@ -273,5 +274,5 @@ def _run_callback(callback: Callable[[], None]) -> None:
     """A cancelled stream's when_cancelled callback (it interrupts its generation)."""
     try:
         callback()
-    except Exception:  # noqa: BLE001 - the stream still ends; its producer sees is_cancelled()
+    except Exception:
         log.exception("interrupting the generation of a cancelled stream failed")

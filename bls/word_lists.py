@@ -7,8 +7,8 @@ each row padded to the widest. This module is the only place that knows the form
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -46,7 +46,7 @@ class WordList:
         return bool(self.words)
 
     @classmethod
-    def from_tensor(cls, field: str, tensor: np.ndarray | None, vocab_size: int | None = None) -> "WordList":
+    def from_tensor(cls, field: str, tensor: np.ndarray | None, vocab_size: int | None = None) -> WordList:
         """Parse one request's word list ([2, N], or [1, 2, N]), raising InvalidRequest(field, ...) when
         malformed; ids are range-checked when `vocab_size` is given."""
         if tensor is None or tensor.size == 0:

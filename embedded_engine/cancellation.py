@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 # The shortest time between two asks for one stream.
 MIN_PERIOD_S = 0.1
@@ -36,7 +36,7 @@ class CancellationChecks:
         self._lock = threading.Lock()
         self._open = 0
 
-    def poll(self, is_cancelled: Callable[[], bool]) -> "CancellationPoll":
+    def poll(self, is_cancelled: Callable[[], bool]) -> CancellationPoll:
         """A poll for one request; `close()` it when the request has ended. It takes its share of the rate from its
         first ask (a request still queued takes none)."""
         return CancellationPoll(is_cancelled, self)
@@ -45,13 +45,13 @@ class CancellationChecks:
         """How long a stream waits between asks now."""
         return max(self._min_period_s, self._open / self._max_checks_per_s)  # an int read needs no lock
 
-    def _open_poll(self, poll: "CancellationPoll") -> None:
+    def _open_poll(self, poll: CancellationPoll) -> None:
         with self._lock:
             if not poll._counted and not poll._closed:
                 poll._counted = True
                 self._open += 1
 
-    def _close(self, poll: "CancellationPoll") -> None:
+    def _close(self, poll: CancellationPoll) -> None:
         with self._lock:
             poll._closed = True
             if poll._counted:

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -33,7 +32,13 @@ from engine_build.lora import (
 )
 from engine_build.render import render_model_config
 from engine_build.topology import (
-    BLS_MODEL, BLS_PYTHON_MODEL, DRAFT_MODEL, HANDOFF_MODEL, TARGET_MODEL, Topology, repository_topology,
+    BLS_MODEL,
+    BLS_PYTHON_MODEL,
+    DRAFT_MODEL,
+    HANDOFF_MODEL,
+    TARGET_MODEL,
+    Topology,
+    repository_topology,
 )
 from engine_build.trtllm_config import (
     FIXED_PARAMETERS,

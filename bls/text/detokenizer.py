@@ -31,7 +31,7 @@ stream: the state travels with each response as the last few ids before it (PREC
 from __future__ import annotations
 
 import codecs
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 from bls.text.tokenizer import TokenizerBundle
 

@@ -18,15 +18,15 @@ request fails alone.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
 from bls.errors import InvalidRequest
-from bls.token_ids import check_token_ids
 from bls.text.detokenizer import continuation_text
 from bls.text.tokenizer import TokenizerBundle
+from bls.token_ids import check_token_ids
 
 Tensors = dict[str, np.ndarray]
 

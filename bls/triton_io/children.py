@@ -9,10 +9,10 @@ the GIL; one-response exec uses neither, so any thread may call infer().
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 from bls.errors import ModelStepError

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
@@ -77,16 +78,16 @@ class Metrics:
         for metric in self._metrics:
             metric.flush()
 
-    def counter(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
+    def counter(self, name: str, description: str, labels: Mapping[str, str]) -> _Metric:
         return self._metric(name, description, pb_utils.MetricFamily.COUNTER, labels)
 
-    def gauge(self, name: str, description: str, labels: Mapping[str, str]) -> "_Metric":
+    def gauge(self, name: str, description: str, labels: Mapping[str, str]) -> _Metric:
         return self._metric(name, description, pb_utils.MetricFamily.GAUGE, labels)
 
-    def histogram(self, name: str, description: str, labels: Mapping[str, str], buckets: Iterable[float]) -> "_Metric":
+    def histogram(self, name: str, description: str, labels: Mapping[str, str], buckets: Iterable[float]) -> _Metric:
         return self._metric(name, description, pb_utils.MetricFamily.HISTOGRAM, labels, list(buckets))
 
-    def _metric(self, name, description, kind, labels, buckets=None) -> "_Metric":
+    def _metric(self, name, description, kind, labels, buckets=None) -> _Metric:
         with self._lock:
             family = self._families.get(name)
             if family is None:

@@ -4,10 +4,10 @@ never a traceback (that goes to the log)."""
 from __future__ import annotations
 
 import traceback
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 from bls.contract import ModelContract

@@ -10,10 +10,10 @@ would otherwise hang) and survives a client that has gone.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 import numpy as np
-
 import triton_python_backend_utils as pb_utils
 
 from bls.relay import RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame

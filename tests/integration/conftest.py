@@ -106,7 +106,8 @@ STARTS_ITS_OWN_SERVER = {
     "test_metrics_handoff.py": "starts a server on a repository with the ensemble's handoff (where its metrics are "
                                "measured) it builds from build/assets",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
-    "test_object_store.py": "serves a RELAY=off repository it builds from build/assets from a local S3 server",
+    "test_object_store.py": "serves a unary (DECOUPLED=false) repository it builds from build/assets from a local S3 "
+                            "server",
     "test_server_exit.py":
         "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
     "test_lora.py":
@@ -189,9 +190,6 @@ CRASHES_ON_PURPOSE = {
     # through the ensemble to the HTTP frontend's allocator (core dump: postprocessing's InferResponse::Send ->
     # EnsembleContext::Proceed -> Output::AllocateDataBuffer -> a freed address; docs/operations.md).
     "test_every_stub_exits_when_tritonserver_ends[SIGTERM]": ("Signal (11) received", "terminate called"),
-    # Triton 2.51 leaves the in-process BLS waiting for a child's error for good (test_faults): its server then exits
-    # with that request in flight, which may end the same way.
-    "test_engine_error_mid_generation_reaches_in_process_bls_clients": ("Signal (11) received",),
 }
 
 

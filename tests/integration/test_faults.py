@@ -24,7 +24,7 @@ import pytest
 from engine_build.repository import RepositorySettings, assemble_repository
 from serving.tritonserver import TritonServer, server_command, server_environment
 from testkit.grpc import grpc_stream
-from testkit.http import HttpError, Hung, generate, generate_stream
+from testkit.http import HttpError, generate, generate_stream
 from testkit.metrics import metric_values
 from testkit.processes import stub_process
 
@@ -221,25 +221,6 @@ def test_engine_error_mid_generation_reaches_bls_clients(server):
     """Relayed: the relay writes the engine's error back as a frame with its code."""
     _assert_engine_error_reaches_bls_clients(server)
 
-
-def test_engine_error_mid_generation_reaches_in_process_bls_clients(tmp_path_factory):
-    """In-process: the error should come through the exec(decoupled=True) response iterator. Triton 2.51's never
-    delivers it: the BLS's execute thread waits in ResponseIterator::Next for good (gdb), its instance serves nothing
-    more, and the client's stream stops after the tokens before the error (docs/operations.md, fault (b)). On any
-    other server this must pass."""
-    repo = _synthetic_repository(tmp_path_factory, relay="off")
-    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as in_process:
-        with urllib.request.urlopen(f"http://{in_process.http_url}/v2", timeout=5) as response:
-            version = json.load(response)["version"]
-        try:
-            _assert_engine_error_reaches_bls_clients(in_process)
-        except Hung:
-            if version == "2.51.0":
-                pytest.xfail("Triton 2.51's decoupled BLS response iterator never delivers a child's error")
-            raise
-
-
-# ---- (c) a huge input -------------------------------------------------------------------------------------------
 
 def _in_flight_at_shutdown(server: TritonServer) -> list[str]:
     """The models tritonserver still counted as in flight when it was stopped (from its shutdown log)."""

@@ -36,7 +36,7 @@ SPLIT_CHARACTERS = {"embedding_bias_words": ["😀🇫🇷東京ώρα"], "embed
 def server(request, tmp_path_factory):
     if not can_compile_relay():
         pytest.skip("no C++ compiler here: the handoff is part of the relay (relay/)")
-    with built_repository_server(request, tmp_path_factory, "handoff", relay="on",
+    with built_repository_server(request, tmp_path_factory, "handoff",
                                  handoff_sender_threads=SENDERS) as server:
         yield server
 

@@ -19,7 +19,7 @@ BLS = "tensorrt_llm_bls"
 def endpoint(request, tmp_path_factory):
     if not can_compile_relay():
         pytest.skip("no C++ compiler here: the handoff is part of the relay (relay/)")
-    with built_repository_server(request, tmp_path_factory, "metrics_handoff", relay="on",
+    with built_repository_server(request, tmp_path_factory, "metrics_handoff",
                                  handoff_sender_threads=1) as server:
         yield Endpoint(server.http_url, server.grpc_url, server.metrics_url)
 

@@ -2,7 +2,7 @@
 tritonserver here, as into the 26.07 image's) against an S3-compatible server (moto's, from PyPI), the repository's
 files uploaded as listed in its repository.json.
 
-- A repository whose models ship no backend library and name no absolute path (the in-process BLS, RELAY=off, embedded
+- A repository whose models ship no backend library and name no absolute path (a unary one, DECOUPLED=false, embedded
   engine) serves from the store as is: Triton copies it to a temporary folder; the answers equal the local server's.
 - The relay (a model's own backend library) and ENGINE=trtllm's absolute engine paths need a local folder: check-repo
   says so, and docs/operations.md says to sync the repository there first.
@@ -36,16 +36,17 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def in_process_repo(tmp_path_factory):
+def unary_repo(tmp_path_factory):
     if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("in_process") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off"))
+    return assemble_repository(tmp_path_factory.mktemp("unary") / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
+        decoupled=False))
 
 
 @pytest.fixture(scope="module")
-def s3_url(in_process_repo):
-    """The in-process repository in a bucket of a local S3 server: tritonserver's URL for it."""
+def s3_url(unary_repo):
+    """The unary repository in a bucket of a local S3 server: tritonserver's URL for it."""
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
     server.start()
     with pytest.MonkeyPatch.context() as env:
@@ -55,20 +56,19 @@ def s3_url(in_process_repo):
         host, port = server.get_host_and_port()
         s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
         s3.create_bucket(Bucket=BUCKET)
-        files = [MANIFEST, *json.loads((in_process_repo / MANIFEST).read_text())["files"]]
+        files = [MANIFEST, *json.loads((unary_repo / MANIFEST).read_text())["files"]]
         for name in files:
-            s3.upload_file(str(in_process_repo / name), BUCKET, f"llama3/{name}")
+            s3.upload_file(str(unary_repo / name), BUCKET, f"llama3/{name}")
         yield f"s3://http://{host}:{port}/{BUCKET}/llama3"
     server.stop()
 
 
-def test_check_repo_says_where_each_repository_can_be_served_from(repo_dir, in_process_repo):
-    assert check_repository(in_process_repo).model_libraries == []
-    assert "or an object store as is" in check_repository(in_process_repo).text(in_process_repo)
-    relayed = check_repository(repo_dir)
-    if relayed.model_libraries:  # the default repository, where a compiler built the relay
-        assert "tensorrt_llm_bls/1/libtriton_llama3_relay.so" in relayed.model_libraries
-        assert "From an object store, sync it to one first" in relayed.text(repo_dir)
+def test_check_repo_says_where_each_repository_can_be_served_from(repo_dir, unary_repo):
+    assert check_repository(unary_repo).model_libraries == []
+    assert "or an object store as is" in check_repository(unary_repo).text(unary_repo)
+    relayed = check_repository(repo_dir)  # the default repository: streaming, the relay built
+    assert "tensorrt_llm_bls/1/libtriton_llama3_relay.so" in relayed.model_libraries
+    assert "From an object store, sync it to one first" in relayed.text(repo_dir)
 
 
 @pytest.mark.slow

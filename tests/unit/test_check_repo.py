@@ -67,7 +67,7 @@ def dry_run_repo(tmp_path_factory, tokenizer_dir) -> Path:
     root = tmp_path_factory.mktemp("trtllm")
     return assemble_repository(root / "repo", RepositorySettings(
         engine="trtllm", tokenizer_dir=tokenizer_dir, target=root / "target-engine", draft=root / "draft-engine",
-        engines_built=False, relay="off", world_size=2, draft_max_kv_tokens=100_000))
+        engines_built=False, world_size=2, draft_max_kv_tokens=100_000))
 
 
 def _copy(repo: Path, tmp_path: Path) -> Path:
@@ -115,7 +115,7 @@ def test_the_schema_free_reader_agrees_with_tritons_schema(dry_run_repo):
 
 def test_guided_decoding_off_leaves_the_keys_present_and_unset(tmp_path, tokenizer_dir):
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="trtllm", tokenizer_dir=tokenizer_dir, target=tmp_path / "engine", engines_built=False, relay="off",
+        engine="trtllm", tokenizer_dir=tokenizer_dir, target=tmp_path / "engine", engines_built=False,
         guided_decoding="none"))
     params = _engine_parameters(repo, "tensorrt_llm")
     assert {key: params[key] for key in ("tokenizer_dir", "xgrammar_tokenizer_info_path", "guided_decoding_backend")} \
@@ -236,7 +236,7 @@ def test_what_the_container_ships():
 
 
 def test_this_projects_serve_time_code_imports_only_what_the_container_has(dry_run_repo):
-    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls"):
+    for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls_python"):
         assert python_import_problems(dry_run_repo / model / "1", engine_model=False) == []
 
 
@@ -245,7 +245,7 @@ def test_the_embedded_repository_passes_and_its_guided_decoding_file_is_checked(
     if not (target / "config.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=tokenizer_dir, target=target, relay="off"))
+        engine="embedded", tokenizer_dir=tokenizer_dir, target=target))
     report = check_repository(repo)
     assert report.ok, report.problems
     (repo / "tensorrt_llm" / "1" / "xgrammar_tokenizer_info.json").write_text('{"encoded_vocab": [1]}')
@@ -260,7 +260,7 @@ def test_a_relayed_trtllm_repository_passes_and_its_handoff_is_checked(tmp_path,
     the repository passes, and a handoff naming a model the repository lacks is named."""
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="trtllm", tokenizer_dir=tokenizer_dir, target=tmp_path / "target-engine", engines_built=False,
-        relay="on", handoff_sender_threads=4))
+        handoff_sender_threads=4))
     report = check_repository(repo)
     assert report.ok, report.problems
     problems = _broken(repo, tmp_path, _edit_config("tensorrt_llm_handoff", 'string_value: "tensorrt_llm"',

@@ -7,7 +7,13 @@ upstream's dtype and dims; where upstream requires an input and we do not (text_
 """
 
 from bls.contract import (
-    CONTRACTS, ENSEMBLE, HANDOFF_TEXT_STATE, POSTPROCESSING, PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS,
+    CONTRACTS,
+    ENSEMBLE,
+    HANDOFF_TEXT_STATE,
+    POSTPROCESSING,
+    PREPROCESSING,
+    TENSORRT_LLM,
+    TENSORRT_LLM_BLS,
     TENSORRT_LLM_HANDOFF,
 )
 from tests.unit import upstream_contracts as upstream

@@ -50,7 +50,7 @@ def lora_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def repo(lora_dir, tmp_path_factory):
     return assemble_repository(tmp_path_factory.mktemp("repo") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off",
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
         lora_dir=lora_dir, max_lora_rank=16))
 
 
@@ -83,7 +83,7 @@ def test_the_adapters_are_converted_into_the_prefetch_folder_and_recorded(repo, 
 
 def test_a_repository_without_adapters_takes_no_lora(tmp_path):
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off"))
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq"))
     engine = parameters(repo, "tensorrt_llm")
     assert engine["lora_target_modules"] == "" and engine["lora_prefetch_dir"] == ""
     assert parameters(repo, "preprocessing")["lora_adapters"] == ""
@@ -124,11 +124,11 @@ def test_an_adapter_for_another_base_is_refused_naming_it(lora_dir, tmp_path):
     # The draft is the target's architecture with fewer layers: alpha has LoRA weights in layers it lacks.
     with pytest.raises(RepositoryError, match="adapter 'alpha' layer .* the base has .* layers"):
         assemble_repository(tmp_path / "repo", RepositorySettings(
-            engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-draft-awq", relay="off",
+            engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-draft-awq",
             lora_dir=lora_dir))
     with pytest.raises(RepositoryError, match="adapter 'alpha': rank 8 is above max_lora_rank 4"):
         assemble_repository(tmp_path / "repo2", RepositorySettings(
-            engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off",
+            engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
             lora_dir=lora_dir, max_lora_rank=4))
 
 
@@ -147,7 +147,7 @@ def test_the_gpu_dry_run_builds_for_the_adapters_and_prefetches_them(lora_dir, t
     repo = tmp_path / "repo"
     cli.main(["repo", "--engine", "trtllm", "--hf-model", str(ASSETS / "tiny-target-hf"),
               "--draft-hf-model", str(ASSETS / "tiny-draft-hf"), "--repo", str(repo), "--assets", str(tmp_path / "a"),
-              "--dry-run", "--gpu-mem-gb", "80", "--lora-dir", str(lora_dir), "--relay", "off"])
+              "--dry-run", "--gpu-mem-gb", "80", "--lora-dir", str(lora_dir)])
     out = capsys.readouterr().out
     target_build, draft_build = [line for line in out.splitlines() if line.startswith("trtllm-build")]
     assert target_build.endswith("--lora_plugin float16 --lora_target_modules attn_q attn_k attn_v attn_dense "
@@ -192,7 +192,7 @@ def test_convert_lora_against_a_running_repository_refuses_what_its_engine_canno
     only_beta = tmp_path / "adapters"
     shutil.copytree(lora_dir / "beta", only_beta / "beta")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", relay="off",
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
         lora_dir=only_beta))  # an engine built for attn_q, attn_k, attn_v
     with pytest.raises(SystemExit, match="adapter 'alpha': targets attn_dense, mlp_h_to_4h, mlp_4h_to_h, mlp_gate, "
                                          "which the engine is not built for"):

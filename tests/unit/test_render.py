@@ -61,7 +61,7 @@ def test_embedded_repository_renders_every_model(tmp_path):
     target = _fake_checkpoint(tmp_path / "target")
     draft = _fake_checkpoint(tmp_path / "draft")
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft, relay="on",
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=target, draft=draft,
         handoff_sender_threads=1))
     models = {"preprocessing", "postprocessing", "ensemble", "tensorrt_llm", "tensorrt_llm_draft", "tensorrt_llm_bls",
               "tensorrt_llm_bls_python", "tensorrt_llm_handoff"}
@@ -107,15 +107,6 @@ def test_the_benchmark_engine_behind_its_relay_keeps_the_engine_contract(tmp_pat
     assert engine_is_relayed(repo)
 
 
-def test_the_engine_relay_follows_the_repositorys_relay_mode(tmp_path):
-    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        synthetic=True, engine_relay=True, relay="off"))
-    engine = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "engine")
-    assert engine.backend == "python" and not (repo / "tensorrt_llm_python").exists()
-    assert not engine_is_relayed(repo)
-
-
 def test_the_engine_relay_is_for_the_synthetic_benchmark_engine_only(tmp_path):
     with pytest.raises(RepositoryError, match="engine_relay"):
         assemble_repository(tmp_path / "repo", RepositorySettings(
@@ -123,12 +114,14 @@ def test_the_engine_relay_is_for_the_synthetic_benchmark_engine_only(tmp_path):
             target=_fake_checkpoint(tmp_path / "t"), engine_relay=True))
 
 
-@pytest.mark.parametrize("overrides", [{"relay": "off"}, {"decoupled": False}])
-def test_without_the_relay_the_python_bls_is_tensorrt_llm_bls(tmp_path, overrides):
+def test_a_unary_repositorys_python_bls_is_tensorrt_llm_bls(tmp_path):
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        **overrides))
-    assert "tensorrt_llm_bls_python" not in read_manifest(repo)["models"]
+        decoupled=False))
+    manifest = read_manifest(repo)
+    assert "tensorrt_llm_bls_python" not in manifest["models"] and "tensorrt_llm_handoff" not in manifest["models"]
+    assert manifest["topology"]["name"] == "unary"
+    assert manifest["topology"]["paths"]["ensemble"] == ["ensemble", "preprocessing", "tensorrt_llm", "postprocessing"]
     bls = parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls")
     assert bls.name == "tensorrt_llm_bls" and bls.backend == "python"
     assert (repo / "tensorrt_llm_bls" / "1" / "model.py").is_file()
@@ -141,13 +134,35 @@ def test_without_the_relay_the_python_bls_is_tensorrt_llm_bls(tmp_path, override
     assert bls.instance_group[0].count == default_bls_instance_count(relayed=False) >= 4
 
 
-def test_relay_on_without_a_compiler_names_the_fix(tmp_path, monkeypatch):
+def test_the_topology_is_the_same_on_every_host_only_counts_scale(tmp_path, monkeypatch):
+    """What CI builds on 2 cores is what a 16-core GPU host builds: the same models and paths
+    (engine_build/topology.py); only instance and thread counts follow the cores."""
+    built = {}
+    for cpus in (2, 16):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _pid, n=cpus: set(range(n)))
+        settings = RepositorySettings(engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / f"tok{cpus}"),
+                                      target=_fake_checkpoint(tmp_path / f"t{cpus}"))
+        built[cpus] = read_manifest(assemble_repository(tmp_path / f"repo{cpus}", settings))
+    small, large = built[2], built[16]
+    assert small["models"] == large["models"]
+    assert small["topology"]["name"] == large["topology"]["name"] == "streaming"
+    assert small["topology"]["paths"] == large["topology"]["paths"] == {
+        "ensemble": ["ensemble", "preprocessing", "tensorrt_llm_handoff", "tensorrt_llm", "postprocessing"],
+        "tensorrt_llm_bls": ["tensorrt_llm_bls", "tensorrt_llm_bls_python", "preprocessing", "tensorrt_llm",
+                             "postprocessing"]}
+    assert small["topology"]["scaled_by_host"]["handoff_sender_threads"] == 1
+    assert large["topology"]["scaled_by_host"]["handoff_sender_threads"] == 4
+
+
+def test_a_streaming_repository_without_a_compiler_names_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setenv("CXX", "no-such-compiler")
     settings = dict(engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"),
                     target=_fake_checkpoint(tmp_path / "t"))
-    with pytest.raises(RepositoryError, match="RELAY=on needs a C.. compiler .no-such-compiler.*RELAY=off"):
-        assemble_repository(tmp_path / "repo", RepositorySettings(**settings, relay="on"))
-    repo = assemble_repository(tmp_path / "auto", RepositorySettings(**settings, relay="auto"))  # auto: without it
+    with pytest.raises(RepositoryError, match="needs a C.. compiler .*no-such-compiler not found; install one "
+                                              r"\(apt-get install g\+\+, or clang.*DECOUPLED=false"):
+        assemble_repository(tmp_path / "repo", RepositorySettings(**settings))
+    assert not (tmp_path / "repo" / "tensorrt_llm_bls").exists()
+    repo = assemble_repository(tmp_path / "unary", RepositorySettings(**settings, decoupled=False))  # needs none
     assert parse_model_config((repo / "tensorrt_llm_bls" / "config.pbtxt").read_text(), "bls").backend == "python"
 
 
@@ -219,8 +234,7 @@ def test_the_repository_is_self_contained_and_checks_its_files(tmp_path):
     from bls.artifact import ArtifactError, verify_model_files
 
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        relay="on"))
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
     assert "tensorrt_llm_bls/1/libtriton_llama3_relay.so" in read_manifest(repo)["files"]
     for model in ("preprocessing", "postprocessing", "tensorrt_llm_bls_python", "tensorrt_llm"):
         version = repo / model / "1"
@@ -286,11 +300,11 @@ def test_stream_interval_reaches_the_bls_config(tmp_path):
 
     repo = assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        **bls_settings(Namespace(stream_interval=4, bls_instances=None, relay="on"))))
+        **bls_settings(Namespace(stream_interval=4, bls_instances=None))))
     bls = parse_model_config((repo / "tensorrt_llm_bls_python" / "config.pbtxt").read_text(), "bls")
     assert bls.parameters["stream_interval"].string_value == "4"
     with pytest.raises(SystemExit, match="--stream-interval must be at least 1"):
-        bls_settings(Namespace(stream_interval=0, bls_instances=None, relay="auto"))
+        bls_settings(Namespace(stream_interval=0, bls_instances=None))
 
 
 def test_the_embedded_default_is_never_built_over_tensorrt_llm_engines(tmp_path):

@@ -7,6 +7,7 @@ from argparse import Namespace
 
 import pytest
 
+from bls.contract import HANDOFF_TEXT_STATE
 from engine_build.render import parse_model_config
 from engine_build.repository import (
     HANDOFF_MODEL,
@@ -19,7 +20,6 @@ from engine_build.repository import (
     default_preprocessing_instance_count,
     read_manifest,
 )
-from bls.contract import HANDOFF_TEXT_STATE
 from engine_build.settings_args import text_instance_settings
 from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
@@ -34,10 +34,10 @@ def test_instances_follow_the_host_cores():
     assert [default_handoff_sender_threads(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
 
 
-def _repository(tmp_path, relay="off", **settings):
+def _repository(tmp_path, **settings):
     return assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        relay=relay, **settings))
+        **settings))
 
 
 def _config(repo, model):
@@ -53,7 +53,7 @@ def test_default_repository_sizes_its_text_steps_from_this_host(tmp_path):
 
 
 def test_command_line_instances_reach_the_configs(tmp_path):
-    repo = _repository(tmp_path, relay="on", **text_instance_settings(
+    repo = _repository(tmp_path, **text_instance_settings(
         Namespace(preprocessing_instances=3, postprocessing_instances=5, handoff_sender_threads=6)))
     assert _config(repo, "preprocessing").instance_group[0].count == 3
     assert _config(repo, "postprocessing").instance_group[0].count == 5
@@ -62,9 +62,8 @@ def test_command_line_instances_reach_the_configs(tmp_path):
     assert text_instance_settings(Namespace(**unset)) == {}
     with pytest.raises(SystemExit, match="--postprocessing-instances must be at least 1"):
         text_instance_settings(Namespace(**{**unset, "postprocessing_instances": 0}))
-    assert text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0})) == {"handoff_sender_threads": 0}
-    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 0"):
-        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": -1}))
+    with pytest.raises(SystemExit, match="--handoff-sender-threads must be at least 1"):
+        text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 0}))
     with pytest.raises(SystemExit, match="--handoff-sender-threads must be at most 256"):
         text_instance_settings(Namespace(**{**unset, "handoff_sender_threads": 257}))
 
@@ -74,13 +73,12 @@ def _ensemble_engine_step(repo) -> str:
     return next(step.model_name for step in steps if "_TOKENS_BATCH" in step.output_map.values())
 
 
-def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
-    """Where the relay is built and the handoff has sender threads, the ensemble's engine step is the handoff (the
-    engine's tensors, decoupled), which forwards to tensorrt_llm; without threads (hosts under 8 cores by default) or
-    in-process (RELAY=off), the engine itself."""
-    for name in ("relayed", "direct", "in_process"):
+def test_a_streaming_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
+    """Streaming (every host): the ensemble's engine step is the handoff (the engine's tensors, decoupled), which
+    forwards to tensorrt_llm; unary (DECOUPLED=false): the engine itself."""
+    for name in ("relayed", "unary"):
         (tmp_path / name).mkdir()
-    relayed = _repository(tmp_path / "relayed", relay="on", handoff_sender_threads=3)
+    relayed = _repository(tmp_path / "relayed", handoff_sender_threads=3)
     assert _ensemble_engine_step(relayed) == HANDOFF_MODEL
     handoff = _config(relayed, HANDOFF_MODEL)
     engine = _config(relayed, TARGET_MODEL)
@@ -96,8 +94,7 @@ def test_relayed_ensemble_reaches_the_engine_through_the_handoff(tmp_path):
     assert [(t.name, t.data_type) for t in handoff.input] == [(t.name, t.data_type) for t in engine.input]
     assert handoff.max_batch_size == engine.max_batch_size
     assert (relayed / HANDOFF_MODEL / "1" / RELAY_LIBRARY).is_file()
-    for repo in (_repository(tmp_path / "direct", relay="on", handoff_sender_threads=0),
-                 _repository(tmp_path / "in_process", relay="off", handoff_sender_threads=3)):
+    for repo in (_repository(tmp_path / "unary", decoupled=False),):
         assert _ensemble_engine_step(repo) == TARGET_MODEL and not (repo / HANDOFF_MODEL).exists()
         # No handoff, no stream state: postprocessing gets NVIDIA's two inputs (one response a request unstreamed).
         assert set(_config(repo, "ensemble").ensemble_scheduling.step[2].input_map) == {"TOKENS_BATCH",

@@ -9,14 +9,14 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
-from bls.contract import PREPROCESSING  # noqa: E402
-from bls.lora_names import parse_adapter_table  # noqa: E402
-from bls.text.preprocessing import Preprocessor  # noqa: E402
-from bls.text.tokenizer import TokenizerBundle  # noqa: E402
-from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool  # noqa: E402
-from bls.triton_io.responses import respond_to_each  # noqa: E402
+import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
+from bls.contract import PREPROCESSING
+from bls.lora_names import parse_adapter_table
+from bls.server_watch import exit_with_server
+from bls.text.preprocessing import Preprocessor
+from bls.text.tokenizer import TokenizerBundle
+from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool
+from bls.triton_io.responses import respond_to_each
 
 MODEL = "preprocessing"
 

@@ -18,19 +18,26 @@ import triton_python_backend_utils as pb_utils
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
-import bls.text.without_torch  # noqa: E402,F401 - first: before anything imports transformers
-from bls.contract import TENSORRT_LLM_BLS  # noqa: E402
-from bls.generation.generator import (  # noqa: E402
-    BlsConfig, GenerationObserver, TextGenerator, TextRequest, merge_streamed,
+import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
+from bls.contract import TENSORRT_LLM_BLS
+from bls.generation.generator import (
+    BlsConfig,
+    GenerationObserver,
+    TextGenerator,
+    TextRequest,
+    merge_streamed,
 )
-from bls.llm_metrics import GenerationMetrics, RequestTiming  # noqa: E402
-from bls.text.tokenizer import TokenizerBundle  # noqa: E402
-from bls.transports import InProcessTransport, RelayTransport  # noqa: E402
-from bls.server_watch import exit_with_server  # noqa: E402
-from bls.triton_io.lock import PB_LOCK  # noqa: E402
-from bls.triton_io.metrics import Metrics  # noqa: E402
-from bls.triton_io.requests import (  # noqa: E402
-    check_shipped_files, model_parameters, parse_bool, parse_positive_int,
+from bls.llm_metrics import GenerationMetrics, RequestTiming
+from bls.server_watch import exit_with_server
+from bls.text.tokenizer import TokenizerBundle
+from bls.transports import InProcessTransport, RelayTransport
+from bls.triton_io.lock import PB_LOCK
+from bls.triton_io.metrics import Metrics
+from bls.triton_io.requests import (
+    check_shipped_files,
+    model_parameters,
+    parse_bool,
+    parse_positive_int,
 )
 
 MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the name in logs and metrics
