@@ -26,6 +26,7 @@ from bls.artifact import MANIFEST, ArtifactError, verify_model_files
 from bls.contract import CONTRACTS, ModelContract, TensorSpec
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
+from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, TOPOLOGIES
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     PYTHON_BACKEND_PARAMETER_READS,
@@ -147,7 +148,39 @@ def check_repository(repo: Path) -> Report:
                                if value.startswith("/") and f"/{model.name}/1" in value]
         report.model_libraries += [str(library.relative_to(repo)) for library in sorted(model.directory.glob("*/*.so"))]
     _check_lora(models, manifest, report)
+    _check_topology(models, manifest, report)
     return report
+
+
+def _check_topology(models: dict[str, Model], manifest: dict, report: Report) -> None:
+    """The repository is wired as its recorded topology says (engine_build/topology.py): its name is the one its
+    transaction policy gives, every model of its paths is here, the ensemble's steps are its path, and the BLS's
+    transport is the topology's."""
+    recorded = manifest.get("topology")
+    if not isinstance(recorded, dict) or recorded.get("name") not in TOPOLOGIES:
+        report.fail("repository", f"{MANIFEST} names no topology of {sorted(TOPOLOGIES)}: rebuild it with `make repo`")
+        return
+    topology = TOPOLOGIES[recorded["name"]]
+    expected = topology.paths(bool(manifest.get("draft")))
+    if topology.name != ("streaming" if manifest.get("decoupled", True) else "unary"):
+        report.fail("repository", f"topology {topology.name} does not match decoupled={manifest.get('decoupled')}")
+    if recorded.get("paths") != expected:
+        report.fail("repository", f"{MANIFEST}'s topology paths {recorded.get('paths')} are not {topology.name}'s "
+                                  f"{expected}")
+    for name in {model for path in expected.values() for model in path}:
+        if name not in models:
+            report.fail(name, f"the {topology.name} topology goes through it, but the repository does not have it")
+    ensemble = models.get("ensemble")
+    if ensemble is not None:
+        scheduling = first(ensemble.config, "ensemble_scheduling", {})
+        steps = [first(step, "model_name") for step in scheduling.get("step", [])]
+        if steps != topology.ensemble_steps:
+            report.fail("ensemble", f"its steps {steps} are not the {topology.name} topology's "
+                                    f"{topology.ensemble_steps}")
+    python_bls = models.get(BLS_PYTHON_MODEL if topology.relayed else BLS_MODEL)
+    if python_bls is not None and python_bls.parameters.get("transport") != topology.bls_transport:
+        report.fail(python_bls.name, f"transport {python_bls.parameters.get('transport')!r} is not the "
+                                     f"{topology.name} topology's {topology.bls_transport!r}")
 
 
 def _check_lora(models: dict[str, Model], manifest: dict, report: Report) -> None:

@@ -34,6 +34,11 @@ class Topology:
         """Whether the relay (relay/, compiled by `make repo`) serves tensorrt_llm_bls and the handoff."""
         return self.bls_transport == "relay"
 
+    @property
+    def ensemble_steps(self) -> list[str]:
+        """The ensemble's steps, in order (the handoff reaches tensorrt_llm itself)."""
+        return ["preprocessing", self.ensemble_engine_step, "postprocessing"]
+
     def paths(self, draft: bool) -> dict[str, list[str]]:
         """The models each entry point's request goes through, in order (what docs/design.md draws)."""
         engines = [TARGET_MODEL] + ([DRAFT_MODEL] if draft else [])

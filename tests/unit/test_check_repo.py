@@ -7,6 +7,7 @@ file, an import the container lacks, a miswired ensemble), which check-repo must
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -18,7 +19,7 @@ from engine_build.check_repo import check_repository, python_import_problems
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import first, parameters, parse_pbtxt
 from engine_build.render import parse_model_config
-from engine_build.repository import RepositorySettings, assemble_repository
+from engine_build.repository import MANIFEST, RepositorySettings, assemble_repository
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     TENSORRT_LLM_PARAMETER_READS,
@@ -253,6 +254,24 @@ def test_the_embedded_repository_passes_and_its_guided_decoding_file_is_checked(
     assert "tensorrt_llm: 1/xgrammar_tokenizer_info.json: encoded_vocab must be a list of strings: nlohmann::json " \
            "throws at load" in problems
     assert any("tokenizer_str must be a string" in p for p in problems)
+
+
+def test_a_repository_wired_unlike_its_recorded_topology_is_named(dry_run_repo, tmp_path):
+    """repository.json's topology (engine_build/topology.py) is what the configs wire: an ensemble that skips the
+    handoff, or a record of another topology, is named."""
+    assert json.loads((dry_run_repo / MANIFEST).read_text())["topology"]["name"] == "streaming"
+    problems = _broken(dry_run_repo, tmp_path / "skip", _edit_config("ensemble", 'model_name: "tensorrt_llm_handoff"',
+                                                                     'model_name: "tensorrt_llm"'))
+    assert any(p.startswith("ensemble: its steps ['preprocessing', 'tensorrt_llm', 'postprocessing'] are not the "
+                            "streaming topology's") for p in problems), problems
+
+    def record_unary(repo: Path) -> None:
+        manifest = json.loads((repo / MANIFEST).read_text())
+        manifest["topology"]["name"] = "unary"
+        (repo / MANIFEST).write_text(json.dumps(manifest))
+
+    problems = _broken(dry_run_repo, tmp_path / "unary", record_unary)
+    assert "repository: topology unary does not match decoupled=True" in problems
 
 
 def test_a_relayed_trtllm_repository_passes_and_its_handoff_is_checked(tmp_path, tokenizer_dir):
