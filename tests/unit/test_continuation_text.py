@@ -139,3 +139,28 @@ def test_the_handoff_keeps_as_many_preceding_ids_as_the_decode_needs():
     """relay/handoff.cc sends the last kPrecedingTokens ids: the number the invariant above is proved with."""
     source = (Path(__file__).resolve().parents[2] / "relay" / "handoff.cc").read_text()
     assert re.search(r"constexpr size_t kPrecedingTokens = (\d+);", source).group(1) == str(PRECEDING_TOKENS)
+
+
+def stream_state(preceding: list[int], complete: bool) -> dict:
+    """The handoff's stream state for one sequence, as postprocessing receives it."""
+    return {"PRECEDING_IDS": np.asarray(preceding, np.int32).reshape(1, 1, len(preceding)),
+            "TEXT_COMPLETE": np.asarray([[complete]])}
+
+
+@pytest.mark.parametrize("skip_special_tokens", [True, False])
+def test_postprocessing_one_token_a_response_adds_up_to_the_full_decode(bundle, skip_special_tokens):
+    """What the ensemble streams: one token a response, through Postprocessor (its cached path for whole tokens after
+    a whole token, continuation_text otherwise), joined == the full decode."""
+    rng = random.Random(11)
+    lone_bytes = [byte_token(bundle, byte) for byte in range(0x80, 0x100)]
+    words = [token for text in TEXTS for token in text_ids(bundle, text)]
+    post = Postprocessor(bundle, skip_special_tokens=skip_special_tokens)
+    for _ in range(150):
+        ids = [rng.choice([rng.choice(words), rng.choice(words), rng.choice(lone_bytes), EOT,
+                           rng.randrange(bundle.vocab_size)]) for _ in range(rng.randint(1, 30))]
+        pieces = []
+        for position, token in enumerate(ids):
+            batch, lengths = tokens([token])
+            state = stream_state(ids[max(0, position - PRECEDING_TOKENS) : position], position == len(ids) - 1)
+            pieces.append(post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, **state})["OUTPUT"][0].decode())
+        assert "".join(pieces) == bundle.decode(ids, skip_special_tokens), ids
