@@ -90,14 +90,7 @@ class QueuedStream:
     def cancel(self) -> None:
         """The client has gone (the relay says so, from a thread that holds the connection's lock: this only takes
         note). What waits is dropped but the final response; the when_cancelled callback runs on a sending thread."""
-        with self._loop._lock:
-            if self._cancelled:
-                return
-            self._cancelled = True
-            callback, self._on_cancelled = self._on_cancelled, None
-            if callback is not None:
-                self._loop._callbacks.append(callback)
-                self._loop._lock.notify()
+        self._mark_cancelled(run_callback_here=False)
 
     def when_cancelled(self, callback: Callable[[], None]) -> None:
         """Run `callback` as soon as the loop learns that the client has gone (on a sending thread; it must not
@@ -152,12 +145,18 @@ class QueuedStream:
                     self._end_with(error)
                 return
 
-    def _mark_cancelled(self) -> None:
+    def _mark_cancelled(self, run_callback_here: bool = True) -> None:
+        """Once: the stream is cancelled, and its when_cancelled callback runs here (a sending thread) or is handed
+        to the loop's threads."""
         with self._loop._lock:
             if self._cancelled:
                 return
             self._cancelled = True
             callback, self._on_cancelled = self._on_cancelled, None
+            if callback is not None and not run_callback_here:
+                self._loop._callbacks.append(callback)
+                self._loop._lock.notify()
+                return
         if callback is not None:
             _run_callback(callback)
 
