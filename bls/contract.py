@@ -245,10 +245,10 @@ POSTPROCESSING = ModelContract(
     inputs=(
         _t("TOKENS_BATCH", "TYPE_INT32", [-1, -1], optional=False),
         _t("SEQUENCE_LENGTH", "TYPE_INT32", [-1], optional=False),
-        # Exact streamed text (bls.text.postprocessing): the last ids of each sequence before these, and whether
-        # these end it. The handoff's stream state (HANDOFF_TEXT_STATE); without them each response is decoded alone.
+        # Exact streamed text (bls.text.postprocessing): the last ids of each sequence before these, then TEXT_END
+        # where these end it. The handoff's stream state (HANDOFF_TEXT_STATE); without it each response is decoded
+        # alone.
         _t("PRECEDING_IDS", "TYPE_INT32", [-1, -1], extension=True),
-        _scalar("TEXT_COMPLETE", "TYPE_BOOL", extension=True),
     ),
     # One string per sequence, [batch * beam] (1-D, as upstream's postprocessing returns it).
     outputs=(_t("OUTPUT", "TYPE_STRING", [-1]),),
@@ -326,19 +326,20 @@ TENSORRT_LLM_BLS = ModelContract(
 )
 
 # ----------------------------------------------------------------------------------------------------
-# tensorrt_llm_handoff (relay/handoff.h): the engine's tensors, plus its own outputs, which only a request that asks
-# for them gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Every one of its
-# responses carries them; the engine's outputs stay exactly as the engine sent them.
+# tensorrt_llm_handoff (relay/handoff.h): the engine's tensors, plus its own output, which only a request that asks
+# for it gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Every one of its
+# responses carries it; the engine's outputs stay exactly as the engine sent them.
 # ----------------------------------------------------------------------------------------------------
 HANDOFF_MODEL = "tensorrt_llm_handoff"
-# handoff output -> postprocessing input
-HANDOFF_TEXT_STATE = {"preceding_ids": "PRECEDING_IDS", "text_complete": "TEXT_COMPLETE"}
+# handoff output -> postprocessing input. One tensor, since every tensor the ensemble carries costs tritonserver CPU
+# at every streamed token: [1, beam, n], each row the stream's last ids before this response, followed by TEXT_END
+# when this response ends the stream's text (ids are never negative, so the mark is unambiguous; every row of one
+# response is the same length). A row of TEXT_END alone: no preceding ids, text complete, i.e. decoded alone.
+HANDOFF_TEXT_STATE = {"preceding_ids": "PRECEDING_IDS"}
+TEXT_END = -1  # relay/handoff.cc kTextEnd
 TENSORRT_LLM_HANDOFF = ModelContract(
     inputs=TENSORRT_LLM.inputs,
-    outputs=TENSORRT_LLM.outputs + (
-        _t("preceding_ids", "TYPE_INT32", [-1, -1], extension=True),
-        _scalar("text_complete", "TYPE_BOOL", extension=True),
-    ),
+    outputs=TENSORRT_LLM.outputs + (_t("preceding_ids", "TYPE_INT32", [-1, -1], extension=True),),
 )
 
 CONTRACTS: dict[str, ModelContract] = {

@@ -44,7 +44,7 @@ CONTRACT_OF = {
     "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "tensorrt_llm_python": "tensorrt_llm",
     "tensorrt_llm_draft_python": "tensorrt_llm", "preprocessing": "preprocessing", "postprocessing": "postprocessing",
     "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
-    "tensorrt_llm_handoff": "tensorrt_llm_handoff",  # the engine's tensors plus its own stream-state outputs
+    "tensorrt_llm_handoff": "tensorrt_llm_handoff",  # the engine's tensors plus its own stream-state output
 }
 # Parameters of our Python models that name a path relative to the model's version folder, and the file it must hold.
 PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "checkpoint_dir": ("config.json",)}

@@ -7,15 +7,12 @@
 namespace llama3_relay {
 
 namespace {
-// The stream-state outputs (bls/contract.py HANDOFF_TEXT_STATE), sent only to a request that asks for them.
+// The stream-state output (bls/contract.py HANDOFF_TEXT_STATE), sent only to a request that asks for it: each beam's
+// preceding ids, then kTextEnd where the response ends the stream's text (ids are never negative).
 constexpr char kPrecedingIds[] = "preceding_ids";
-constexpr char kTextComplete[] = "text_complete";
+constexpr int32_t kTextEnd = -1;  // bls/contract.py TEXT_END
 // Ids kept per stream (bls/text/detokenizer.py PRECEDING_TOKENS says why this many).
 constexpr size_t kPrecedingTokens = 8;
-
-bool IsTextState(const char* name) {
-  return std::strcmp(name, kPrecedingIds) == 0 || std::strcmp(name, kTextComplete) == 0;
-}
 }  // namespace
 
 struct HandoffStream {
@@ -28,12 +25,14 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
-  // The request asked for the stream-state outputs (the ensemble does). Exact text needs one sequence per stream:
+  // The request asked for the stream-state output (the ensemble does). Exact text needs one sequence per stream:
   // streaming, batch 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream
-  // gets no preceding ids and every response marked complete: each decoded alone, as NVIDIA's postprocessing does.
+  // gets no preceding ids and every response marked complete (kTextEnd alone in each beam's row): each decoded
+  // alone, as NVIDIA's postprocessing does.
   bool text_state = false;
   bool exact_text = false;
   std::vector<int32_t> preceding;  // the last ids forwarded (exact_text), at most kPrecedingTokens
+  std::vector<int32_t> state;  // the output's data, reused from response to response
   RequestTiming timing;
   // The final response sent and the engine request released: the second of the two forgets the stream.
   std::atomic<int> remaining{2};
@@ -95,20 +94,23 @@ std::vector<int32_t> ResponseIds(TRITONSERVER_InferenceResponse* response) {
   return std::vector<int32_t>(base, base + n);
 }
 
-// The stream-state outputs of a response about to be sent (`beams`: its output_ids' beam dimension), and the
-// stream's preceding ids moved past `ids`; "" or why not.
+// The stream-state output of a response about to be sent (`beams`: its output_ids' beam dimension), and the
+// stream's preceding ids moved past `ids`; "" or why not. Exact text: [1, 1, n], the preceding ids, then kTextEnd
+// on the final response; otherwise [1, beams, 1] of kTextEnd: no preceding ids, each beam complete.
 std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response, int64_t beams,
                          const std::vector<int32_t>& ids, bool final) {
-  const std::vector<int32_t> none;
-  const std::vector<int32_t>& preceding = stream->exact_text ? stream->preceding : none;
-  const int64_t preceding_shape[3] = {1, stream->exact_text ? 1 : beams, static_cast<int64_t>(preceding.size())};
-  std::string failure = AddOutput(response, kPrecedingIds, TRITONSERVER_TYPE_INT32, preceding_shape, 3,
-                                  preceding.data(), preceding.size() * sizeof(int32_t));
-  const bool complete = final || !stream->exact_text;
-  const int64_t complete_shape[2] = {1, 1};
-  if (failure.empty()) {
-    failure = AddOutput(response, kTextComplete, TRITONSERVER_TYPE_BOOL, complete_shape, 2, &complete, sizeof(bool));
+  std::vector<int32_t>& state = stream->state;
+  int64_t shape[3] = {1, 1, 1};
+  if (stream->exact_text) {
+    state.assign(stream->preceding.begin(), stream->preceding.end());
+    if (final) state.push_back(kTextEnd);
+    shape[2] = static_cast<int64_t>(state.size());
+  } else {
+    shape[1] = std::max<int64_t>(beams, 0);
+    state.assign(static_cast<size_t>(shape[1]), kTextEnd);
   }
+  const std::string failure = AddOutput(response, kPrecedingIds, TRITONSERVER_TYPE_INT32, shape, 3, state.data(),
+                                        state.size() * sizeof(int32_t));
   if (stream->exact_text) {
     std::vector<int32_t>& kept = stream->preceding;
     kept.insert(kept.end(), ids.begin(), ids.end());
@@ -335,7 +337,7 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
     const char* name = nullptr;
     failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
-    if (failure.empty() && IsTextState(name)) {  // ours, not the engine's
+    if (failure.empty() && std::strcmp(name, kPrecedingIds) == 0) {  // ours, not the engine's
       stream->text_state = true;
       continue;
     }

@@ -12,9 +12,9 @@
 // flags, timeout, parameters) to the engine (config parameter `handoff_to`) in-process. The engine's thread only
 // queues each of its responses; `sender_threads` threads re-send them on the ensemble's request, which runs the
 // ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. Errors are
-// passed on as they are. Exact streamed text: to a request that asks for its own outputs preceding_ids and
-// text_complete (the ensemble does; not passed to the engine), it adds them to every response: the stream's last ids
-// before this response and whether the stream ends here, which postprocessing turns into complete characters only
+// passed on as they are. Exact streamed text: to a request that asks for its own output preceding_ids (the ensemble
+// does; not passed to the engine), it adds it to every response: the stream's last ids before this response, then
+// -1 where the stream ends here, which postprocessing turns into complete characters only
 // (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's
 // ensemble cancels a step request only when it schedules the step, so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
 // later, before a response is re-sent (the engine request is cancelled). Request priority (no backend API reads

@@ -5,10 +5,10 @@ of the text depends only on what the engine returned (exclude_input_in_output).
 
 Streamed text: NVIDIA's postprocessing decodes each response's ids alone, which splits a character whose bytes
 span two responses into U+FFFD pieces. Our optional inputs make it exact without any state here (instances are
-shared by every stream): PRECEDING_IDS, the last ids of the same sequence before these, and TEXT_COMPLETE,
-whether these ids end it. The ensemble's handoff sends both (relay/handoff.h); the text is then
-bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole sequence. Without
-them (NVIDIA's clients, the BLS) the ids are decoded alone, as before.
+shared by every stream): PRECEDING_IDS, the last ids of the same sequence before these, followed by TEXT_END (-1)
+where these ids end it (bls/contract.py HANDOFF_TEXT_STATE). The ensemble's handoff sends it (relay/handoff.h);
+the text is then bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole
+sequence. Without it (NVIDIA's clients, the BLS) the ids are decoded alone, as before.
 
 In the ensemble every engine response is one postprocessing request, almost always one streamed token, and
 Triton's dynamic batcher hands a model instance many streams' requests at once: `decode_each` takes them
@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from bls.contract import TEXT_END
 from bls.errors import InvalidRequest
 from bls.text.detokenizer import continuation_text
 from bls.text.tokenizer import TokenizerBundle
@@ -39,8 +40,8 @@ class _Sequence:
 
 
 class Postprocessor:
-    """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] (+ PRECEDING_IDS [batch, beam, n] and
-    TEXT_COMPLETE [batch, 1], ours) -> OUTPUT [batch * beam] utf-8 bytes."""
+    """TOKENS_BATCH [batch, beam, len] + SEQUENCE_LENGTH [batch, beam] (+ PRECEDING_IDS [batch, beam, n], ours)
+    -> OUTPUT [batch * beam] utf-8 bytes."""
 
     def __init__(self, bundle: TokenizerBundle, skip_special_tokens: bool = True):
         self.bundle = bundle
@@ -103,28 +104,25 @@ class Postprocessor:
         if flat_lengths and (min(flat_lengths) < 0 or max(flat_lengths) > tokens.shape[2]):
             raise InvalidRequest("SEQUENCE_LENGTH", f"values must be within [0, {tokens.shape[2]}]")
         rows = tokens.reshape(tokens.shape[0] * tokens.shape[1], tokens.shape[2])  # -1 cannot size an empty batch
-        preceding, complete = self._stream_state(inputs, tokens.shape)
-        return [_Sequence(rows[i, :length], None if preceding is None else preceding[i], complete[i])
-                for i, length in enumerate(flat_lengths)]
+        states = self._stream_state(inputs, tokens.shape)
+        return [_Sequence(rows[i, :length], *states[i]) for i, length in enumerate(flat_lengths)]
 
-    def _stream_state(self, inputs: Tensors, shape: tuple[int, ...]) -> tuple[np.ndarray | None, list[bool]]:
-        """Each sequence's PRECEDING_IDS (None: decode alone) and whether its text is complete, batch-major."""
+    def _stream_state(self, inputs: Tensors, shape: tuple[int, ...]) -> list[tuple[np.ndarray | None, bool]]:
+        """Each sequence's preceding ids (None: decode alone) and whether its text is complete, batch-major: a row of
+        PRECEDING_IDS is the ids, then TEXT_END if complete (a -1 anywhere else is refused as outside the vocabulary).
+        """
         batch, beams = shape[0], shape[1]
-        complete = [True] * (batch * beams)
-        if "TEXT_COMPLETE" in inputs:
-            flags = np.asarray(inputs["TEXT_COMPLETE"])
-            if flags.shape != (batch, 1) or flags.dtype != np.bool_:
-                raise InvalidRequest("TEXT_COMPLETE", f"must be [batch, 1] bool, got {flags.dtype} {list(flags.shape)}")
-            complete = [bool(flag) for flag in flags.reshape(-1).tolist() for _ in range(beams)]
-        if "PRECEDING_IDS" not in inputs and "TEXT_COMPLETE" not in inputs:  # NVIDIA's contract
-            return None, complete
-        preceding = np.asarray(inputs.get("PRECEDING_IDS", np.zeros((batch, beams, 0), np.int32)))
+        alone = [(None, True)] * (batch * beams)
+        if "PRECEDING_IDS" not in inputs:  # NVIDIA's contract
+            return alone
+        preceding = np.asarray(inputs["PRECEDING_IDS"])
         if preceding.ndim != 3 or preceding.shape[:2] != (batch, beams):
             raise InvalidRequest("PRECEDING_IDS", f"shape {list(preceding.shape)} does not match TOKENS_BATCH "
                                  f"{[batch, beams]} (must be [batch, beam, n])")
         if not self.bundle.byte_level:  # continuation_text needs the tokens' bytes: decoded alone, as without it
-            return None, [True] * (batch * beams)
-        return preceding.reshape(batch * beams, preceding.shape[2]), complete
+            return alone
+        return [(row[:-1], True) if row.size and row[-1] == TEXT_END else (row, False)
+                for row in preceding.reshape(batch * beams, preceding.shape[2])]
 
     def _all_in_vocabulary(self, ids: np.ndarray) -> bool:
         return not ids.size or (int(ids.min()) >= 0 and int(ids.max()) < self.bundle.vocab_size)

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from bls.contract import TEXT_END
 from bls.errors import InvalidRequest
 from bls.text.detokenizer import PRECEDING_TOKENS, continuation_text
 from bls.text.postprocessing import Postprocessor
@@ -111,28 +112,58 @@ def test_postprocessing_without_the_stream_state_decodes_each_response_alone(bun
     assert Postprocessor(bundle)({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths})["OUTPUT"][0] == "\ufffd".encode()
 
 
+def state(*rows) -> np.ndarray:
+    """PRECEDING_IDS [batch, 1, n] from each batch row's ids (TEXT_END included where the row says so)."""
+    return np.asarray(rows, np.int32).reshape(len(rows), 1, -1)
+
+
 def test_postprocessing_with_the_stream_state_holds_and_completes(bundle):
+    """As the handoff sends it: the preceding ids, then TEXT_END on the response that ends the stream."""
     emoji = [byte_token(bundle, byte) for byte in "😀".encode()]
     post = Postprocessor(bundle)
     outputs = []
     for position in range(4):
         batch, lengths = tokens(emoji[position : position + 1])
+        preceding = emoji[:position] + ([TEXT_END] if position == 3 else [])
         outputs.append(post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths,
-                             "PRECEDING_IDS": np.asarray([[emoji[:position]]], np.int32).reshape(1, 1, position),
-                             "TEXT_COMPLETE": np.asarray([[position == 3]])})["OUTPUT"][0])
+                             "PRECEDING_IDS": state(preceding)})["OUTPUT"][0])
     assert outputs == [b"", b"", b"", "😀".encode()]
+
+
+def test_the_end_of_text_mark_ends_its_own_row_only(bundle):
+    """Each row of PRECEDING_IDS says for itself whether it ends: a trailing TEXT_END completes that row's text (its
+    incomplete character becomes U+FFFD, as a full decode ends); the row beside it, the same length, holds back."""
+    emoji = [byte_token(bundle, byte) for byte in "😀".encode()]
+    batch = np.asarray([[[emoji[2]]], [[emoji[2]]]], np.int32)
+    lengths = np.asarray([[1], [1]], np.int32)
+    post = Postprocessor(bundle)
+    both = post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths,
+                 "PRECEDING_IDS": state(emoji[:2] + [TEXT_END], [emoji[0], emoji[0], emoji[1]])})["OUTPUT"]
+    assert both.tolist() == ["\ufffd".encode(), b""]
+
+
+def test_a_row_of_the_mark_alone_is_nvidias_decode(bundle):
+    """What the handoff sends where a stream is not one sequence (beams): [1, beam, 1] of TEXT_END, each beam decoded
+    alone and complete, exactly as without PRECEDING_IDS."""
+    pieces = [byte_token(bundle, byte) for byte in "東😀".encode()[:5]]
+    batch = np.asarray([[pieces[:2] + [0], pieces[2:]]], np.int32)
+    lengths = np.asarray([[2, 3]], np.int32)
+    post = Postprocessor(bundle)
+    alone = post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths})["OUTPUT"]
+    marked = post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths,
+                   "PRECEDING_IDS": np.full((1, 2, 1), TEXT_END, np.int32)})["OUTPUT"]
+    assert marked.tolist() == alone.tolist() == ["\ufffd".encode(), "\ufffd\ufffd".encode()]
 
 
 def test_postprocessing_refuses_a_malformed_stream_state_by_name(bundle):
     batch, lengths = tokens([1000])
     post = Postprocessor(bundle)
-    with pytest.raises(InvalidRequest, match="PRECEDING_IDS"):
-        post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": np.zeros((2, 1, 3), np.int32)})
-    with pytest.raises(InvalidRequest, match="PRECEDING_IDS"):
-        post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths,
-              "PRECEDING_IDS": np.asarray([[[bundle.vocab_size]]], np.int32)})
-    with pytest.raises(InvalidRequest, match="TEXT_COMPLETE"):
-        post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, "TEXT_COMPLETE": np.zeros((1, 2), bool)})
+    for preceding in (np.zeros((2, 1, 3), np.int32),  # not TOKENS_BATCH's [batch, beam]
+                      state([bundle.vocab_size]),  # outside the vocabulary
+                      state([TEXT_END, 1000]),  # the mark is only ever last
+                      state([1000, TEXT_END - 1])):  # no other negative id means anything
+        with pytest.raises(InvalidRequest, match="PRECEDING_IDS"):
+            post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, "PRECEDING_IDS": preceding})
 
 
 def test_the_handoff_keeps_as_many_preceding_ids_as_the_decode_needs():
@@ -143,8 +174,8 @@ def test_the_handoff_keeps_as_many_preceding_ids_as_the_decode_needs():
 
 def stream_state(preceding: list[int], complete: bool) -> dict:
     """The handoff's stream state for one sequence, as postprocessing receives it."""
-    return {"PRECEDING_IDS": np.asarray(preceding, np.int32).reshape(1, 1, len(preceding)),
-            "TEXT_COMPLETE": np.asarray([[complete]])}
+    ids = list(preceding) + ([TEXT_END] if complete else [])
+    return {"PRECEDING_IDS": np.asarray(ids, np.int32).reshape(1, 1, len(ids))}
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
@@ -164,3 +195,10 @@ def test_postprocessing_one_token_a_response_adds_up_to_the_full_decode(bundle, 
             state = stream_state(ids[max(0, position - PRECEDING_TOKENS) : position], position == len(ids) - 1)
             pieces.append(post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, **state})["OUTPUT"][0].decode())
         assert "".join(pieces) == bundle.decode(ids, skip_special_tokens), ids
+
+
+def test_the_handoff_marks_the_end_of_text_as_postprocessing_reads_it():
+    """relay/handoff.cc's kTextEnd is bls/contract.py's TEXT_END, an id no vocabulary has."""
+    source = (Path(__file__).resolve().parents[2] / "relay" / "handoff.cc").read_text()
+    assert re.search(r"constexpr int32_t kTextEnd = (-?\d+);", source).group(1) == str(TEXT_END)
+    assert TEXT_END < 0

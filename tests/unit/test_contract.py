@@ -67,17 +67,21 @@ def test_pre_and_postprocessing_keep_upstream_names():
     ours = {spec for spec in POSTPROCESSING.inputs if not spec.extension}
     assert _inputs(ours) == inputs and _outputs(POSTPROCESSING.outputs) == outputs
     # Ours: the stream state for exact streamed text (bls/text/postprocessing.py), optional.
-    assert {s.name for s in POSTPROCESSING.inputs if s.extension} == {"PRECEDING_IDS", "TEXT_COMPLETE"}
+    assert {s.name for s in POSTPROCESSING.inputs if s.extension} == {"PRECEDING_IDS"}
 
 
 def test_the_handoff_is_the_engine_plus_its_own_optional_outputs():
-    """The handoff's inputs and the engine's outputs are the engine's, exactly; its stream-state outputs are ours, sent
-    only to a request that asks for them (the ensemble)."""
+    """The handoff's inputs and the engine's outputs are the engine's, exactly; its stream state is ours, one tensor
+    (each the ensemble carries costs CPU at every streamed token), sent only to a request that asks for it (the
+    ensemble), and postprocessing's optional input of the same type and shape."""
     assert TENSORRT_LLM_HANDOFF.inputs == TENSORRT_LLM.inputs
     assert TENSORRT_LLM_HANDOFF.outputs[: len(TENSORRT_LLM.outputs)] == TENSORRT_LLM.outputs
     extra = TENSORRT_LLM_HANDOFF.outputs[len(TENSORRT_LLM.outputs):]
-    assert {s.name: s.extension for s in extra} == {name: True for name in HANDOFF_TEXT_STATE}
-    assert set(HANDOFF_TEXT_STATE.values()) == {s.name for s in POSTPROCESSING.inputs if s.extension}
+    assert HANDOFF_TEXT_STATE == {"preceding_ids": "PRECEDING_IDS"}
+    assert [(s.name, s.data_type, s.dims, s.extension) for s in extra] == [
+        ("preceding_ids", "TYPE_INT32", (-1, -1), True)]
+    post = POSTPROCESSING.input("PRECEDING_IDS")
+    assert (post.data_type, post.dims, post.optional, post.extension) == ("TYPE_INT32", (-1, -1), True, True)
 
 
 def test_extensions_are_optional_so_upstream_clients_never_see_them():
