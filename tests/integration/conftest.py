@@ -103,6 +103,8 @@ STARTS_ITS_OWN_SERVER = {
     "test_stream_interval.py": "starts a server on a STREAM_INTERVAL=4 repository it builds from build/assets",
     "test_engine_relay.py": "starts a server on the benchmark's relayed synthetic engine",
     "test_handoff.py": "starts a server on a repository with the ensemble's handoff it builds from build/assets",
+    "test_metrics_handoff.py": "starts a server on a repository with the ensemble's handoff (where its metrics are "
+                               "measured) it builds from build/assets",
     "test_relocation.py": "copies the built repository elsewhere and serves the copy itself",
     "test_object_store.py": "serves a unary (DECOUPLED=false) repository it builds from build/assets from a local S3 "
                             "server",
