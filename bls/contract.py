@@ -12,6 +12,7 @@ Dims exclude the batch dimension (every model has max_batch_size > 0).
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 
@@ -327,16 +328,33 @@ TENSORRT_LLM_BLS = ModelContract(
 
 # ----------------------------------------------------------------------------------------------------
 # tensorrt_llm_handoff (relay/handoff.h): the engine's tensors, plus its own output, which only a request that asks
-# for it gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Every one of its
-# responses carries it; the engine's outputs stay exactly as the engine sent them.
+# for it gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Only the responses
+# whose text depends on the ids before them carry it (a character's bytes pending before or after them); the engine's
+# outputs stay exactly as the engine sent them.
 # ----------------------------------------------------------------------------------------------------
 HANDOFF_MODEL = "tensorrt_llm_handoff"
-# handoff output -> postprocessing input. One tensor, since every tensor the ensemble carries costs tritonserver CPU
-# at every streamed token: [1, beam, n], each row the stream's last ids before this response, followed by TEXT_END
-# when this response ends the stream's text (ids are never negative, so the mark is unambiguous; every row of one
-# response is the same length). A row of TEXT_END alone: no preceding ids, text complete, i.e. decoded alone.
+# handoff output -> postprocessing input. One tensor, and only where needed, since every tensor the ensemble carries
+# costs tritonserver CPU at every streamed token; a response without it is decoded alone (Triton's ensemble leaves an
+# output a response does not send out of the next step's request). [1, beam, n], each row the stream's last ids before
+# this response, followed by TEXT_END when this response ends the stream's text (ids are never negative, so the mark
+# is unambiguous; every row of one response is the same length). A row of TEXT_END alone: no preceding ids, text
+# complete, i.e. decoded alone.
 HANDOFF_TEXT_STATE = {"preceding_ids": "PRECEDING_IDS"}
 TEXT_END = -1  # relay/handoff.cc kTextEnd
+
+
+class TokenTextClass(enum.IntEnum):
+    """What one token's bytes are to a UTF-8 stream (bls/text/detokenizer.py token_text_classes). `make repo` writes a
+    byte of it per token id to the handoff's TOKEN_TEXT_CLASSES_FILE, from which the handoff tells the streams whose
+    text needs PRECEDING_IDS: those with bytes pending, or about to be (relay/handoff.cc TokenTextClass)."""
+
+    WHOLE = 0  # whole characters alone: nothing held before or after it
+    EMPTY = 1  # no bytes (a special token postprocessing skips): the stream's state passes through it
+    PARTIAL = 2  # part of a character (or invalid bytes): may leave bytes pending
+
+
+# In the handoff's version folder; its length is the vocabulary's (postprocessing's tokenizer).
+TOKEN_TEXT_CLASSES_FILE = "token_text_classes.bin"
 TENSORRT_LLM_HANDOFF = ModelContract(
     inputs=TENSORRT_LLM.inputs,
     outputs=TENSORRT_LLM.outputs + (_t("preceding_ids", "TYPE_INT32", [-1, -1], extension=True),),

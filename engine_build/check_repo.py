@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bls.artifact import MANIFEST, ArtifactError, verify_model_files
-from bls.contract import CONTRACTS, ModelContract, TensorSpec
+from bls.contract import CONTRACTS, TOKEN_TEXT_CLASSES_FILE, ModelContract, TensorSpec
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, TOPOLOGIES
@@ -51,7 +51,7 @@ PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "c
 # Parameters that name another model of the repository (the BLS's, the relays', the handoff's).
 MODEL_NAME_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
                          "tensorrt_llm_draft_model_name", "python_model_name", "handoff_to")
-BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")
+BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")  # true ones first
 # Where the container's tritonserver finds its backends (server build.py r26.07 installs python and tensorrtllm there;
 # tensorrtllm_postbuild puts trtllmExecutorWorker beside libtriton_tensorrtllm.so). Checked only where it exists.
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
@@ -237,6 +237,8 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
         if not (version_dir / RELAY_LIBRARY).is_file():
             report.fail(name, f"backend {RELAY_BACKEND} needs 1/{RELAY_LIBRARY} (compiled by make repo): missing")
         _check_named_models(model, models, report)
+        if "handoff_to" in model.parameters:
+            _check_token_text_classes(model, models.get("postprocessing"), report)
 
 
 # ---- tensors -------------------------------------------------------------------------------------------------------
@@ -430,6 +432,30 @@ def _check_python_model(model: Model, models: dict[str, Model], report: Report) 
     engine_model = CONTRACT_OF.get(model.name) == "tensorrt_llm"
     for problem in python_import_problems(version_dir, engine_model):
         report.fail(model.name, problem)
+
+
+def _check_token_text_classes(handoff: Model, postprocessing: Model | None, report: Report) -> None:
+    """The handoff's table (relay/handoff.cc loads it or fails) is the one postprocessing's tokenizer gives: a stale
+    one would leave the state out where a character is split, and the ensemble would stream U+FFFD pieces."""
+    path = handoff.directory / "1" / TOKEN_TEXT_CLASSES_FILE
+    if not path.is_file():
+        report.fail(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} (written by make repo) is missing: the handoff "
+                                  "cannot load")
+        return
+    if postprocessing is None or "tokenizer_dir" not in postprocessing.parameters:
+        return  # reported as postprocessing's own problem
+    from bls.text.detokenizer import token_text_classes
+    from bls.text.tokenizer import TokenizerBundle
+
+    try:
+        bundle = TokenizerBundle.from_dir(postprocessing.directory / "1" / postprocessing.parameters["tokenizer_dir"])
+    except (OSError, ValueError) as error:
+        report.cannot_check(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE}: postprocessing's tokenizer ({error})")
+        return
+    skip = postprocessing.parameters.get("skip_special_tokens", "true") in BOOL_TEXT[:4]
+    if path.read_bytes() != token_text_classes(bundle, skip):
+        report.fail(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} is not postprocessing's tokenizer's (skip_special_"
+                                  f"tokens {skip}): rebuild the repository with make repo")
 
 
 def _check_named_models(model: Model, models: dict[str, Model], report: Report) -> None:

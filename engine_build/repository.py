@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Literal
 
 from bls.artifact import MANIFEST, file_checksums
+from bls.contract import TOKEN_TEXT_CLASSES_FILE
 from embedded_engine.lora import LoraLayout
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from engine_build.lora import (
@@ -272,12 +273,23 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
             "sender_threads": settings.handoff_sender_threads,
         })
         shutil.copy2(relay_library, handoff_dir / "1" / RELAY_LIBRARY)  # one library, each model's role in its config
+        write_token_text_classes(settings.tokenizer_dir, settings.skip_special_tokens,
+                                 handoff_dir / "1" / TOKEN_TEXT_CLASSES_FILE)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
         _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
 
     _write_manifest(out, settings, adapters, topology)
     return out
+
+
+def write_token_text_classes(tokenizer_dir: Path, skip_special_tokens: bool, path: Path) -> None:
+    """The handoff's table of each token's text class, as postprocessing decodes (same tokenizer, same
+    skip_special_tokens): from it the handoff tells which responses need the stream's state (relay/handoff.h)."""
+    from bls.text.detokenizer import token_text_classes
+    from bls.text.tokenizer import TokenizerBundle
+
+    path.write_bytes(token_text_classes(TokenizerBundle.from_dir(tokenizer_dir), skip_special_tokens))
 
 
 def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:

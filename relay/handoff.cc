@@ -2,17 +2,27 @@
 // sender threads.
 #include "handoff.h"
 
+#include <algorithm>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 namespace llama3_relay {
 
 namespace {
-// The stream-state output (bls/contract.py HANDOFF_TEXT_STATE), sent only to a request that asks for it: each beam's
-// preceding ids, then kTextEnd where the response ends the stream's text (ids are never negative).
+// The stream-state output (bls/contract.py HANDOFF_TEXT_STATE), sent to a request that asks for it, in the responses
+// whose text needs it: the stream's preceding ids, then kTextEnd where the response ends the stream's text (ids are
+// never negative).
 constexpr char kPrecedingIds[] = "preceding_ids";
 constexpr int32_t kTextEnd = -1;  // bls/contract.py TEXT_END
 // Ids kept per stream (bls/text/detokenizer.py PRECEDING_TOKENS says why this many).
 constexpr size_t kPrecedingTokens = 8;
+// A byte per token id, in the version folder (bls/contract.py TOKEN_TEXT_CLASSES_FILE, written by make repo).
+constexpr char kTokenTextClassesFile[] = "token_text_classes.bin";
+// What a token's bytes are to a UTF-8 stream: its byte in the file (bls/contract.py TokenTextClass; kWhole = 0, any
+// other byte is refused at load).
+constexpr uint8_t kEmpty = 1;
+constexpr uint8_t kPartial = 2;
 }  // namespace
 
 struct HandoffStream {
@@ -25,12 +35,13 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
-  // The request asked for the stream-state output (the ensemble does). Exact text needs one sequence per stream:
-  // streaming, batch 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream
-  // gets no preceding ids and every response marked complete (kTextEnd alone in each beam's row): each decoded
-  // alone, as NVIDIA's postprocessing does.
-  bool text_state = false;
+  // The request asked for the stream-state output (the ensemble does) and its text is one sequence: streaming, batch
+  // 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream gets no state, so
+  // postprocessing decodes each response alone, as NVIDIA's does.
   bool exact_text = false;
+  // The stream's bytes so far may end inside a character (its last token with bytes is kPartial): postprocessing
+  // holds them until the next response, which therefore needs the state.
+  bool pending = false;
   std::vector<int32_t> preceding;  // the last ids forwarded (exact_text), at most kPrecedingTokens
   std::vector<int32_t> state;  // the output's data, reused from response to response
   RequestTiming timing;
@@ -94,44 +105,52 @@ std::vector<int32_t> ResponseIds(TRITONSERVER_InferenceResponse* response) {
   return std::vector<int32_t>(base, base + n);
 }
 
-// The stream-state output of a response about to be sent (`beams`: its output_ids' beam dimension), and the
-// stream's preceding ids moved past `ids`; "" or why not. Exact text: [1, 1, n], the preceding ids, then kTextEnd
-// on the final response; otherwise [1, beams, 1] of kTextEnd: no preceding ids, each beam complete.
-std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response, int64_t beams,
-                         const std::vector<int32_t>& ids, bool final) {
-  std::vector<int32_t>& state = stream->state;
-  int64_t shape[3] = {1, 1, 1};
-  if (stream->exact_text) {
+// Whether the text of `ids` after the stream's earlier ids differs from `ids` decoded alone, which is when
+// postprocessing needs the stream's state: bytes are pending before them, or a token of theirs is part of a
+// character. Moves stream->pending past them. An id outside the table is kPartial (postprocessing refuses it).
+bool NeedsTextState(HandoffStream* stream, const std::vector<int32_t>& ids, const std::vector<uint8_t>& classes) {
+  bool needs = stream->pending;
+  for (const int32_t id : ids) {
+    const uint8_t token_class = id >= 0 && static_cast<size_t>(id) < classes.size() ? classes[id] : kPartial;
+    if (token_class == kEmpty) continue;
+    stream->pending = token_class == kPartial;
+    needs = needs || stream->pending;
+  }
+  return needs;
+}
+
+// An exact-text stream's response about to be sent with the engine's `ids`: the stream-state output where its text
+// needs it ([1, 1, n]: the preceding ids, then kTextEnd on the final response), and the stream's preceding ids
+// moved past `ids`; "" or why not. Where it is left out, Triton's ensemble gives postprocessing no PRECEDING_IDS
+// (core's EnsembleContext::ResponseComplete: an output a response leaves out is an optional input left out, since
+// Triton 24.01), and the response is decoded alone.
+std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response, const std::vector<int32_t>& ids,
+                         bool final, const std::vector<uint8_t>& classes) {
+  std::string failure;
+  if (NeedsTextState(stream, ids, classes)) {
+    std::vector<int32_t>& state = stream->state;
     state.assign(stream->preceding.begin(), stream->preceding.end());
     if (final) state.push_back(kTextEnd);
-    shape[2] = static_cast<int64_t>(state.size());
-  } else {
-    shape[1] = std::max<int64_t>(beams, 0);
-    state.assign(static_cast<size_t>(shape[1]), kTextEnd);
+    const int64_t shape[3] = {1, 1, static_cast<int64_t>(state.size())};
+    failure = AddOutput(response, kPrecedingIds, TRITONSERVER_TYPE_INT32, shape, 3, state.data(),
+                        state.size() * sizeof(int32_t));
   }
-  const std::string failure = AddOutput(response, kPrecedingIds, TRITONSERVER_TYPE_INT32, shape, 3, state.data(),
-                                        state.size() * sizeof(int32_t));
-  if (stream->exact_text) {
-    std::vector<int32_t>& kept = stream->preceding;
-    kept.insert(kept.end(), ids.begin(), ids.end());
-    if (kept.size() > kPrecedingTokens) kept.erase(kept.begin(), kept.end() - kPrecedingTokens);
-  }
+  std::vector<int32_t>& kept = stream->preceding;
+  kept.insert(kept.end(), ids.begin(), ids.end());
+  if (kept.size() > kPrecedingTokens) kept.erase(kept.begin(), kept.end() - kPrecedingTokens);
   return failure;
 }
 
 // The engine response's outputs, copied into a response of the stream's, sent with `flags`; "" or why not.
-std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine_response, uint32_t flags) {
+std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine_response, uint32_t flags,
+                   const std::vector<uint8_t>& token_classes) {
   TRITONBACKEND_Response* response = nullptr;
   std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
   uint32_t count = 0;
-  int64_t beams = 1;
   if (failure.empty()) failure = Failure(TRITONSERVER_InferenceResponseOutputCount(engine_response, &count));
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
     ResponseOutput engine_output;
     failure = ReadOutput(engine_response, i, &engine_output);
-    if (failure.empty() && std::strcmp(engine_output.name, "output_ids") == 0 && engine_output.dims >= 2) {
-      beams = engine_output.shape[1];
-    }
     // The engine's outputs are on the heap (our allocator).
     if (failure.empty()) {
       failure = AddOutput(response, engine_output.name, engine_output.datatype, engine_output.shape,
@@ -139,9 +158,8 @@ std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine
     }
   }
   const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
-  if (failure.empty() && stream->text_state) {
-    failure = AddTextState(stream, response, beams, stream->exact_text ? ResponseIds(engine_response)
-                                                                       : std::vector<int32_t>(), final);
+  if (failure.empty() && stream->exact_text) {
+    failure = AddTextState(stream, response, ResponseIds(engine_response), final, token_classes);
   }
   if (failure.empty()) {
     failure = Failure(TRITONBACKEND_ResponseSend(response, flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr));
@@ -218,6 +236,28 @@ int64_t BatchSize(TRITONBACKEND_Request* request) {
   return shape[0];
 }
 
+// The token classes `make repo` wrote beside the library (kTokenTextClassesFile): a byte per id, each a
+// TokenTextClass.
+TRITONSERVER_Error* ReadTokenTextClasses(TRITONBACKEND_Model* model, std::vector<uint8_t>* classes) {
+  TRITONBACKEND_ArtifactType artifact_type = TRITONBACKEND_ARTIFACT_FILESYSTEM;
+  const char* location = nullptr;
+  uint64_t version = 0;
+  TRITONSERVER_Error* error = TRITONBACKEND_ModelRepository(model, &artifact_type, &location);
+  if (error == nullptr) error = TRITONBACKEND_ModelVersion(model, &version);
+  if (error != nullptr) return error;
+  const std::string path = std::string(location) + "/" + std::to_string(version) + "/" + kTokenTextClassesFile;
+  std::ifstream file(path, std::ios::binary);
+  if (file) classes->assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+  if (classes->empty()) {
+    return InvalidConfig("cannot read " + path + " (each token's text class, written by make repo): rebuild the "
+                         "repository with make repo");
+  }
+  if (std::any_of(classes->begin(), classes->end(), [](uint8_t token_class) { return token_class > kPartial; })) {
+    return InvalidConfig(path + " holds a byte that is no token text class: rebuild the repository with make repo");
+  }
+  return nullptr;
+}
+
 }  // namespace
 
 TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::string& engine, uint32_t sender_threads,
@@ -231,6 +271,8 @@ TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::strin
   if (sender_threads == 0) return InvalidConfig("sender_threads must be at least 1");
   handoff->engine_ = engine;
   error = TRITONBACKEND_ModelServer(model, &handoff->server_);
+  if (error != nullptr) return error;
+  error = ReadTokenTextClasses(model, &handoff->token_classes_);
   if (error != nullptr) return error;
   error = NewEngineAllocator(&handoff->allocator_);
   if (error != nullptr) return error;
@@ -333,17 +375,18 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
     }
   }
   uint32_t count = 0;
+  bool text_state = false;  // the request asked for the stream-state output
   if (failure.empty()) failure = Failure(TRITONBACKEND_RequestOutputCount(request, &count));
   for (uint32_t i = 0; failure.empty() && i < count; ++i) {
     const char* name = nullptr;
     failure = Failure(TRITONBACKEND_RequestOutputName(request, i, &name));
     if (failure.empty() && std::strcmp(name, kPrecedingIds) == 0) {  // ours, not the engine's
-      stream->text_state = true;
+      text_state = true;
       continue;
     }
     if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
   }
-  if (failure.empty() && stream->text_state) {
+  if (failure.empty() && text_state) {
     bool streaming = false;
     int32_t beam_width = 1;
     int32_t sequences = 1;
@@ -464,7 +507,7 @@ void Handoff::Deliver(const Delivery& delivery) {
         }
         metrics_->OnTokens(&stream->timing, tokens, NowNs());
       }
-      const std::string failure = Resend(stream, delivery.response, delivery.flags);
+      const std::string failure = Resend(stream, delivery.response, delivery.flags, token_classes_);
       if (!failure.empty()) {
         SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
         // Nobody reads the rest: the engine stops.

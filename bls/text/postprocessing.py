@@ -4,11 +4,13 @@ It decodes exactly the ids it is given, up to each beam's sequence length: wheth
 of the text depends only on what the engine returned (exclude_input_in_output).
 
 Streamed text: NVIDIA's postprocessing decodes each response's ids alone, which splits a character whose bytes
-span two responses into U+FFFD pieces. Our optional inputs make it exact without any state here (instances are
+span two responses into U+FFFD pieces. Our optional input makes it exact without any state here (instances are
 shared by every stream): PRECEDING_IDS, the last ids of the same sequence before these, followed by TEXT_END (-1)
-where these ids end it (bls/contract.py HANDOFF_TEXT_STATE). The ensemble's handoff sends it (relay/handoff.h);
-the text is then bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole
-sequence. Without it (NVIDIA's clients, the BLS) the ids are decoded alone, as before.
+where these ids end it (bls/contract.py HANDOFF_TEXT_STATE); the text is then
+bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole sequence. The
+ensemble's handoff (relay/handoff.h) sends it with the responses whose text depends on the ids before them
+(bytes of a character pending before or after them); every other response, and every request of NVIDIA's
+clients and the BLS, comes without it and is decoded alone.
 
 In the ensemble every engine response is one postprocessing request, almost always one streamed token, and
 Triton's dynamic batcher hands a model instance many streams' requests at once: `decode_each` takes them
@@ -50,9 +52,6 @@ class Postprocessor:
         # exactly what decoding the id again returns (a lone piece of a multi-byte character included: U+FFFD).
         # Bounded by the vocabulary.
         self._token_text: dict[int, bytes] = {}
-        # A token whose bytes alone are whole UTF-8 (they start a character and end one): its text, else None.
-        # Bounded by the vocabulary.
-        self._whole_text: dict[int, bytes | None] = {}
 
     def __call__(self, inputs: Tensors) -> Tensors:
         """One request; raises InvalidRequest naming the field."""
@@ -130,25 +129,8 @@ class Postprocessor:
     def _sequence_text(self, seq: _Sequence) -> bytes:
         if seq.preceding is None:
             return self._text(seq.ids)
-        if len(seq.ids) == 1 and (text := self._whole(int(seq.ids[0]))) is not None and (
-                not len(seq.preceding) or self._whole(int(seq.preceding[-1])) is not None):
-            # The common streamed token: nothing held before it (the previous token ended a character) and nothing
-            # held after (it is whole): continuation_text would return its own text; a cached lookup instead.
-            return text
         return continuation_text(self.bundle, seq.preceding.tolist(), seq.ids.tolist(), seq.complete,
                                  self.skip_special_tokens).encode("utf-8")
-
-    def _whole(self, token: int) -> bytes | None:
-        """The token's text if its bytes alone are whole UTF-8 (continuation_text then holds nothing around it)."""
-        if token in self._whole_text:
-            return self._whole_text[token]
-        data = self.bundle.token_bytes([token], self.skip_special_tokens)
-        try:
-            text = data.decode("utf-8").encode("utf-8") if data else None  # a skipped token (b""): look further back
-        except UnicodeDecodeError:
-            text = None
-        self._whole_text[token] = text
-        return text
 
     def _text(self, ids: np.ndarray) -> bytes:
         if len(ids) == 1:

@@ -1,7 +1,7 @@
-"""The ensemble through the handoff (relay/handoff.h), against a server of its own: a repository built with sender
-threads, which `make repo` gives hosts of 8 cores or more (on a smaller one, such as CI's, the session server's
-ensemble calls the engine directly). Clients must see exactly what the engine sends, in order: text, generation
-details, batches, errors.
+"""The ensemble through the handoff (relay/handoff.h), against a server of its own: a repository built with two
+sender threads (the session server's has one on CI's 2 cores). Clients must see exactly what the engine sends, in
+order: text, generation details, batches, errors; postprocessing must get the stream's state exactly where a
+response's text needs it.
 """
 
 from __future__ import annotations
@@ -83,6 +83,51 @@ def test_characters_split_across_responses_stream_exactly(server, max_tokens):
     assert generate(server.http_url, BLS, body)["text_output"] == whole
 
 
+def _handoff_stream(server, bundle, prompt: str, bias: np.ndarray | None) -> list[dict]:
+    """The handoff's responses to an engine request of its own asking for the stream state, as the ensemble does."""
+    prompt_ids = bundle.encode_text(prompt, add_special_tokens=True)
+    inputs = {"input_ids": np.array([prompt_ids], np.int32), "input_lengths": np.array([[len(prompt_ids)]], np.int32),
+              "request_output_len": np.array([[24]], np.int32), "end_id": np.array([[-1]], np.int32),
+              "streaming": np.array([[True]]), "exclude_input_in_output": np.array([[True]])}
+    if bias is not None:
+        inputs["embedding_bias"] = bias.reshape(1, -1)
+    result = grpc_stream(server.grpc_url, HANDOFF_MODEL, inputs, ["output_ids", "sequence_length", "preceding_ids"],
+                         timeout=60)
+    assert result.error is None and result.completed, result.error
+    return result.responses
+
+
+def test_the_stream_state_goes_only_with_responses_whose_text_needs_it(server):
+    """Every response the handoff sends without preceding_ids decodes alone to exactly its share of the text (judged
+    from the tokenizer's bytes here, not from the handoff's table); one with it holds the stream's last ids (-1 after
+    them on the final one). Text of whole characters carries no state at all: the ensemble's cost per token stays
+    NVIDIA's (docs/benchmarks.md)."""
+    from bls.text.detokenizer import PRECEDING_TOKENS, continuation_text
+    from bls.text.tokenizer import TokenizerBundle
+    from engine_build.repository import repository_tokenizer
+
+    bundle = TokenizerBundle.from_dir(repository_tokenizer(server.repo))
+
+    def responses_with_state(responses: list[dict]) -> int:
+        earlier: list[int] = []
+        with_state = 0
+        for index, response in enumerate(responses):
+            ids = response["output_ids"][0, 0, : int(response["sequence_length"][0, 0])].tolist()
+            final = index == len(responses) - 1
+            if "preceding_ids" in response:
+                with_state += 1
+                assert response["preceding_ids"].tolist() == [[earlier[-PRECEDING_TOKENS:] + [-1] * final]]
+            else:
+                assert bundle.decode(ids, True) == continuation_text(bundle, earlier[-PRECEDING_TOKENS:], ids, final)
+            earlier += ids
+        return with_state
+
+    plain = _handoff_stream(server, bundle, PROMPTS[0], None)
+    assert len(plain) >= 12 and responses_with_state(plain) == 0
+    assert responses_with_state(_handoff_stream(server, bundle, PROMPTS[1],
+                                                bundle.embedding_bias(*SPLIT_CHARACTERS.values()))) > 0
+
+
 def test_guided_json_streams_exactly(server):
     """A guided JSON document whose name must be multi-byte characters (the tiny model spells them in byte pieces)
     streams as the unstreamed document, which follows its schema."""
@@ -115,8 +160,9 @@ def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
 
 
 def test_streams_without_exact_text_keep_one_text_per_response(server):
-    """A batch of two rows (its rows' ends are not flagged apart) is decoded response by response, as NVIDIA's
-    postprocessing does: no response's text is held back (each row's text adds up: the batch test above)."""
+    """A batch of two rows (its rows' ends are not flagged apart) gets no stream state, so it is decoded response by
+    response, as NVIDIA's postprocessing does: no response's text is held back (each row's text adds up: the batch
+    test below)."""
     inputs = {"text_input": np.array([[PROMPTS[0].encode()], [PROMPTS[1].encode()]], dtype=object),
               "max_tokens": np.array([[5], [5]], np.int32), "end_id": np.array([[-1], [-1]], np.int32),
               "stream": np.array([[True], [True]])}

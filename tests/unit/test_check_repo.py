@@ -14,12 +14,13 @@ from pathlib import Path
 
 import pytest
 
+from bls.contract import TOKEN_TEXT_CLASSES_FILE, TokenTextClass
 from engine_build import cli
 from engine_build.check_repo import check_repository, python_import_problems
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import first, parameters, parse_pbtxt
 from engine_build.render import parse_model_config
-from engine_build.repository import MANIFEST, RepositorySettings, assemble_repository
+from engine_build.repository import HANDOFF_MODEL, MANIFEST, RepositorySettings, assemble_repository
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     TENSORRT_LLM_PARAMETER_READS,
@@ -285,3 +286,21 @@ def test_a_relayed_trtllm_repository_passes_and_its_handoff_is_checked(tmp_path,
     problems = _broken(repo, tmp_path, _edit_config("tensorrt_llm_handoff", 'string_value: "tensorrt_llm"',
                                                     'string_value: "tensorrt_llm_gone"'))
     assert "tensorrt_llm_handoff: handoff_to names 'tensorrt_llm_gone', which the repository does not have" in problems
+
+
+def test_the_handoffs_token_text_classes_must_be_postprocessings_tokenizers(dry_run_repo, tmp_path):
+    """relay/handoff.cc cannot load without its table, and a table of another tokenizer (or skip_special_tokens) would
+    leave the stream state out where a character is split."""
+    table = Path(HANDOFF_MODEL, "1", TOKEN_TEXT_CLASSES_FILE)
+
+    def stale(repo: Path) -> None:
+        data = bytearray((repo / table).read_bytes())
+        data[data.index(TokenTextClass.PARTIAL)] = TokenTextClass.WHOLE
+        (repo / table).write_bytes(bytes(data))
+
+    problems = _broken(dry_run_repo, tmp_path / "stale", stale)
+    assert any(p.startswith(f"{HANDOFF_MODEL}: 1/{TOKEN_TEXT_CLASSES_FILE} is not postprocessing's tokenizer's")
+               for p in problems), problems
+    problems = _broken(dry_run_repo, tmp_path / "missing", lambda repo: (repo / table).unlink())
+    assert f"{HANDOFF_MODEL}: 1/{TOKEN_TEXT_CLASSES_FILE} (written by make repo) is missing: the handoff cannot " \
+           "load" in problems, problems

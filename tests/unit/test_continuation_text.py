@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls.contract import TEXT_END
+from bls.contract import TEXT_END, TOKEN_TEXT_CLASSES_FILE, TokenTextClass
 from bls.errors import InvalidRequest
-from bls.text.detokenizer import PRECEDING_TOKENS, continuation_text
+from bls.text.detokenizer import PRECEDING_TOKENS, continuation_text, token_text_classes
 from bls.text.postprocessing import Postprocessor
 from tests.unit.test_detokenizer import TEXTS, byte_token, text_ids
 
@@ -178,23 +178,67 @@ def stream_state(preceding: list[int], complete: bool) -> dict:
     return {"PRECEDING_IDS": np.asarray(ids, np.int32).reshape(1, 1, len(ids))}
 
 
+def handoff_sends_state(pending: list[bool], ids: list[int], classes: bytes) -> bool:
+    """relay/handoff.cc NeedsTextState's rule, written out to test what it implies (the handoff itself is tested
+    through the server: tests/integration/test_handoff.py): the state goes where bytes were pending before `ids` or
+    a token of theirs is PARTIAL; bytes are pending after the last token with bytes if it is PARTIAL."""
+    needs = pending[0]
+    for token in ids:
+        if classes[token] == TokenTextClass.EMPTY:
+            continue
+        pending[0] = classes[token] == TokenTextClass.PARTIAL
+        needs = needs or pending[0]
+    return needs
+
+
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
-def test_postprocessing_one_token_a_response_adds_up_to_the_full_decode(bundle, skip_special_tokens):
-    """What the ensemble streams: one token a response, through Postprocessor (its cached path for whole tokens after
-    a whole token, continuation_text otherwise), joined == the full decode."""
+def test_postprocessing_of_what_the_handoff_sends_adds_up_to_the_full_decode(bundle, skip_special_tokens):
+    """What the ensemble streams: one token a response (sometimes two), through Postprocessor, with the stream state
+    only where the handoff's rule sends it (decoded alone elsewhere): joined == the full decode."""
     rng = random.Random(11)
+    classes = token_text_classes(bundle, skip_special_tokens)
     lone_bytes = [byte_token(bundle, byte) for byte in range(0x80, 0x100)]
     words = [token for text in TEXTS for token in text_ids(bundle, text)]
     post = Postprocessor(bundle, skip_special_tokens=skip_special_tokens)
+    sent = 0
     for _ in range(150):
         ids = [rng.choice([rng.choice(words), rng.choice(words), rng.choice(lone_bytes), EOT,
                            rng.randrange(bundle.vocab_size)]) for _ in range(rng.randint(1, 30))]
-        pieces = []
-        for position, token in enumerate(ids):
-            batch, lengths = tokens([token])
-            state = stream_state(ids[max(0, position - PRECEDING_TOKENS) : position], position == len(ids) - 1)
+        pieces, position, pending = [], 0, [False]
+        while position < len(ids):
+            size = min(rng.choice([1, 1, 1, 2]), len(ids) - position)
+            chunk = ids[position : position + size]
+            batch, lengths = tokens(chunk)
+            state = {}
+            if handoff_sends_state(pending, chunk, classes):
+                sent += 1
+                state = stream_state(ids[max(0, position - PRECEDING_TOKENS) : position], position + size == len(ids))
             pieces.append(post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, **state})["OUTPUT"][0].decode())
+            position += size
         assert "".join(pieces) == bundle.decode(ids, skip_special_tokens), ids
+    assert sent  # both kinds of response were decoded
+
+
+def test_the_token_text_classes_are_what_the_tokens_bytes_are(bundle):
+    classes = token_text_classes(bundle, skip_special_tokens=True)
+    assert len(classes) == bundle.vocab_size
+    assert classes[text_ids(bundle, " the")[0]] == TokenTextClass.WHOLE
+    assert classes[byte_token(bundle, 0xE6)] == TokenTextClass.PARTIAL  # the first byte of a CJK character
+    assert classes[byte_token(bundle, 0x80)] == TokenTextClass.PARTIAL  # a lone continuation byte
+    assert classes[EOT] == classes[BOT] == TokenTextClass.EMPTY
+    kept = token_text_classes(bundle, skip_special_tokens=False)
+    assert kept[EOT] == TokenTextClass.WHOLE  # kept, a special token is its text
+    assert sum(1 for c in classes if c == TokenTextClass.PARTIAL) > 1000  # Llama 3: 1,352 of 128,256
+
+
+def test_the_handoff_reads_the_token_text_classes_as_written():
+    """relay/handoff.cc's file name and class bytes are bls/contract.py's."""
+    source = (Path(__file__).resolve().parents[2] / "relay" / "handoff.cc").read_text()
+    assert re.search(r'constexpr char kTokenTextClassesFile\[\] = "([^"]+)";', source).group(1) == \
+        TOKEN_TEXT_CLASSES_FILE
+    assert int(re.search(r"constexpr uint8_t kEmpty = (\d+);", source).group(1)) == TokenTextClass.EMPTY
+    assert int(re.search(r"constexpr uint8_t kPartial = (\d+);", source).group(1)) == TokenTextClass.PARTIAL
+    assert TokenTextClass.WHOLE == 0 and max(TokenTextClass) == TokenTextClass.PARTIAL  # handoff.cc refuses others
 
 
 def test_the_handoff_marks_the_end_of_text_as_postprocessing_reads_it():
