@@ -26,6 +26,7 @@ from bls.artifact import MANIFEST, ArtifactError, verify_model_files
 from bls.contract import CONTRACTS, TOKEN_TEXT_CLASSES_FILE, ModelContract, TensorSpec
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
+from engine_build.token_text_classes import token_text_classes_for
 from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, TOPOLOGIES
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
@@ -444,18 +445,15 @@ def _check_token_text_classes(handoff: Model, postprocessing: Model | None, repo
         return
     if postprocessing is None or "tokenizer_dir" not in postprocessing.parameters:
         return  # reported as postprocessing's own problem
-    from bls.text.detokenizer import token_text_classes
-    from bls.text.tokenizer import TokenizerBundle
-
     try:
-        bundle = TokenizerBundle.from_dir(postprocessing.directory / "1" / postprocessing.parameters["tokenizer_dir"])
+        expected = token_text_classes_for(postprocessing.directory / "1" / postprocessing.parameters["tokenizer_dir"],
+                                          postprocessing.parameters.get("skip_special_tokens", "true") in BOOL_TEXT[:4])
     except (OSError, ValueError) as error:
         report.cannot_check(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE}: postprocessing's tokenizer ({error})")
         return
-    skip = postprocessing.parameters.get("skip_special_tokens", "true") in BOOL_TEXT[:4]
-    if path.read_bytes() != token_text_classes(bundle, skip):
-        report.fail(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} is not postprocessing's tokenizer's (skip_special_"
-                                  f"tokens {skip}): rebuild the repository with make repo")
+    if path.read_bytes() != expected:
+        report.fail(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} is not the one postprocessing's tokenizer and "
+                                  "skip_special_tokens give: rebuild the repository with make repo")
 
 
 def _check_named_models(model: Model, models: dict[str, Model], report: Report) -> None:

@@ -32,6 +32,7 @@ from engine_build.lora import (
     write_prefetch_dir,
 )
 from engine_build.render import render_model_config
+from engine_build.token_text_classes import write_token_text_classes
 from engine_build.topology import (
     BLS_MODEL,
     BLS_PYTHON_MODEL,
@@ -273,7 +274,8 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
             "sender_threads": settings.handoff_sender_threads,
         })
         shutil.copy2(relay_library, handoff_dir / "1" / RELAY_LIBRARY)  # one library, each model's role in its config
-        write_token_text_classes(settings.tokenizer_dir, settings.skip_special_tokens,
+        # What the handoff tells the responses that need the stream state by (relay/handoff.h).
+        write_token_text_classes(out / "postprocessing" / "1" / TOKENIZER_DIR, settings.skip_special_tokens,
                                  handoff_dir / "1" / TOKEN_TEXT_CLASSES_FILE)
     for name in engine_models:
         source = settings.target if name == TARGET_MODEL else settings.draft
@@ -281,15 +283,6 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
 
     _write_manifest(out, settings, adapters, topology)
     return out
-
-
-def write_token_text_classes(tokenizer_dir: Path, skip_special_tokens: bool, path: Path) -> None:
-    """The handoff's table of each token's text class, as postprocessing decodes (same tokenizer, same
-    skip_special_tokens): from it the handoff tells which responses need the stream's state (relay/handoff.h)."""
-    from bls.text.detokenizer import token_text_classes
-    from bls.text.tokenizer import TokenizerBundle
-
-    path.write_bytes(token_text_classes(TokenizerBundle.from_dir(tokenizer_dir), skip_special_tokens))
 
 
 def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:

@@ -299,7 +299,7 @@ def test_the_handoffs_token_text_classes_must_be_postprocessings_tokenizers(dry_
         (repo / table).write_bytes(bytes(data))
 
     problems = _broken(dry_run_repo, tmp_path / "stale", stale)
-    assert any(p.startswith(f"{HANDOFF_MODEL}: 1/{TOKEN_TEXT_CLASSES_FILE} is not postprocessing's tokenizer's")
+    assert any(p.startswith(f"{HANDOFF_MODEL}: 1/{TOKEN_TEXT_CLASSES_FILE} is not the one postprocessing's tokenizer")
                for p in problems), problems
     problems = _broken(dry_run_repo, tmp_path / "missing", lambda repo: (repo / table).unlink())
     assert f"{HANDOFF_MODEL}: 1/{TOKEN_TEXT_CLASSES_FILE} (written by make repo) is missing: the handoff cannot " \
