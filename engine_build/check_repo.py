@@ -9,7 +9,8 @@ A static check, without tritonserver, a GPU or TensorRT-LLM, of every model agai
   tests/unit/test_contract.py); the decoupled policy; the ensemble's wiring and batch sizes; the models the BLS names;
 - every file against repository.json (what each Python model verifies at load);
 - the LoRA adapters repository.json records: preprocessing's name table, the engine's prefetch folder and the files in
-  it (engine_build/lora.py repository_problems).
+  it (engine_build/lora.py repository_problems);
+- the handoff's token text classes against postprocessing's tokenizer (where its packages are installed).
 Exit status 1 when anything would fail; what cannot be checked here is printed as such.
 """
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 from bls.artifact import MANIFEST, ArtifactError, verify_model_files
 from bls.contract import CONTRACTS, TOKEN_TEXT_CLASSES_FILE, ModelContract, TensorSpec
+from bls.model_parameters import parse_bool
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.token_text_classes import token_text_classes_for
@@ -52,7 +54,7 @@ PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "c
 # Parameters that name another model of the repository (the BLS's, the relays', the handoff's).
 MODEL_NAME_PARAMETERS = ("preprocessing_model_name", "postprocessing_model_name", "tensorrt_llm_model_name",
                          "tensorrt_llm_draft_model_name", "python_model_name", "handoff_to")
-BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")  # true ones first
+BOOL_TEXT = ("True", "true", "TRUE", "1", "False", "false", "FALSE", "0")
 # Where the container's tritonserver finds its backends (server build.py r26.07 installs python and tensorrtllm there;
 # tensorrtllm_postbuild puts trtllmExecutorWorker beside libtriton_tensorrtllm.so). Checked only where it exists.
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
@@ -445,11 +447,16 @@ def _check_token_text_classes(handoff: Model, postprocessing: Model | None, repo
         return
     if postprocessing is None or "tokenizer_dir" not in postprocessing.parameters:
         return  # reported as postprocessing's own problem
+    params = postprocessing.parameters
     try:
-        expected = token_text_classes_for(postprocessing.directory / "1" / postprocessing.parameters["tokenizer_dir"],
-                                          postprocessing.parameters.get("skip_special_tokens", "true") in BOOL_TEXT[:4])
-    except (OSError, ValueError) as error:
-        report.cannot_check(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE}: postprocessing's tokenizer ({error})")
+        skip = parse_bool(params.get("skip_special_tokens"), True, "skip_special_tokens")
+    except ValueError as error:
+        report.fail(postprocessing.name, f"{error}: the model cannot load")
+        return
+    try:
+        expected = token_text_classes_for(postprocessing.directory / "1" / params["tokenizer_dir"], skip)
+    except (ImportError, OSError, ValueError) as error:  # no transformers here (check-repo needs no set-up), or no load
+        report.cannot_check(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} against postprocessing's tokenizer ({error})")
         return
     if path.read_bytes() != expected:
         report.fail(handoff.name, f"1/{TOKEN_TEXT_CLASSES_FILE} is not the one postprocessing's tokenizer and "

@@ -147,7 +147,7 @@ def _ensemble_cpu_rows(label: str, run: LoadRun) -> list[Row]:
             for step, prefix in ENSEMBLE_STEPS]
     rows.append(Row(f"{label}: CPU per token, tritonserver (ensemble run; incl. the engine relay)",
                     _cpu_us_per_token(run, "tritonserver"), "µs"))
-    if HANDOFF_THREAD in run.server_cpu_s:  # a repository with the handoff (hosts of 8 cores or more)
+    if HANDOFF_THREAD in run.server_cpu_s:  # a streaming repository (a unary one has no handoff)
         rows.append(Row(f"{label}: CPU per token, of it the handoff's sender threads",
                         _cpu_us_per_token(run, HANDOFF_THREAD), "µs"))
     rows.append(Row(f"{label}: CPU per token, engine (ensemble run; Python + its relay)", _engine_cpu_us_per_token(run),

@@ -25,7 +25,8 @@ step re-decodes the growing window (78 µs a token after 300 such tokens, 484 µ
 has no finish(): a held tail would never reach the client. The cut search below bounds both.
 
 `continuation_text` is the stateless counterpart, for the ensemble's postprocessing, whose instances keep no
-stream: the state travels with each response as the last few ids before it (PRECEDING_IDS, from the handoff).
+stream: the state travels with each response whose text needs it as the last few ids before it (PRECEDING_IDS,
+from the handoff, which tells those responses by `token_text_classes`).
 """
 
 from __future__ import annotations
@@ -133,7 +134,6 @@ def pending_bytes(bundle: TokenizerBundle, ids: Sequence[int], skip_special_toke
     decoder = _UTF8_DECODER("replace")
     decoder.decode(tail[-3:], final=False)
     return decoder.getstate()[0]
-
 
 
 def token_text_classes(bundle: TokenizerBundle, skip_special_tokens: bool) -> bytes:

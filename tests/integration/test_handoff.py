@@ -70,7 +70,8 @@ def test_streamed_text_through_the_handoff_is_the_text_unstreamed_and_the_bls_te
 
 @pytest.mark.parametrize("max_tokens", [7, 8, 9, 24])
 def test_characters_split_across_responses_stream_exactly(server, max_tokens):
-    """Each response's text is decoded with the ids before it (the handoff's stream state): streamed == unstreamed,
+    """Each response whose text needs it is decoded with the ids before it (the handoff's stream state): streamed ==
+    unstreamed,
     ending mid-character included (then both end in U+FFFD), and an event whose ids only start a character is
     empty instead of NVIDIA's U+FFFD pieces."""
     body = {"text_input": PROMPTS[1], "max_tokens": max_tokens, "end_id": -1, **SPLIT_CHARACTERS}
@@ -143,8 +144,8 @@ def test_guided_json_streams_exactly(server):
 
 
 def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
-    """The end id is not part of the output: the engine's final response adds no text, and the stream still ends
-    with the unstreamed text (the handoff's stream state on a response of no new ids)."""
+    """The end id is not part of the output: the engine's final response adds no text (no state: nothing pending),
+    and the stream still ends with the unstreamed text."""
     from bls.text.tokenizer import TokenizerBundle
     from engine_build.repository import repository_tokenizer
 
@@ -157,6 +158,28 @@ def test_a_stream_the_end_id_ends_sends_its_empty_final_response(server):
     events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
     assert "".join(event["text_output"] for event in events) == whole == bundle.decode(ids[: ids.index(end_id)], True)
     assert events[-1]["text_output"] == ""
+
+
+def test_an_end_id_right_after_half_a_character_ends_the_stream_as_unstreamed(server):
+    """The engine's final response brings no ids while a character's first bytes are held: the handoff's state on it
+    (-1: the text ends) turns them into U+FFFD, as the unstreamed decode ends."""
+    from bls.text.detokenizer import pending_bytes
+    from bls.text.tokenizer import TokenizerBundle
+    from engine_build.repository import repository_tokenizer
+
+    bundle = TokenizerBundle.from_dir(repository_tokenizer(server.repo))
+    body = {"text_input": PROMPTS[1], "max_tokens": 24, "end_id": -1, **SPLIT_CHARACTERS}
+    ids = [token for response in _handoff_stream(server, bundle, PROMPTS[1],
+                                                 bundle.embedding_bias(*SPLIT_CHARACTERS.values()))
+           for token in response["output_ids"][0, 0, : int(response["sequence_length"][0, 0])].tolist()]
+    assert bundle.decode(ids, True) == generate(server.http_url, ENSEMBLE, body)["text_output"]  # the same ids
+    cut = next(k for k in range(2, len(ids)) if pending_bytes(bundle, ids[:k]) and ids[k] not in ids[:k])
+    body["end_id"] = ids[cut]
+    whole = generate(server.http_url, ENSEMBLE, body)["text_output"]
+    assert whole == bundle.decode(ids[:cut], True) and whole.endswith("\ufffd"), whole
+    events = generate_stream(server.http_url, ENSEMBLE, {**body, "stream": True})
+    assert "".join(event["text_output"] for event in events) == whole
+    assert events[-1]["text_output"] == "\ufffd"  # the held bytes, ended by the final response's state
 
 
 def test_streams_without_exact_text_keep_one_text_per_response(server):

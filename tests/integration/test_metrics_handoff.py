@@ -1,6 +1,6 @@
 """The ensemble's request metrics (relay/request_metrics.h), measured by its handoff, against a server of its own
-with one (on a host under 8 cores `make repo` builds none, and the ensemble then calls the engine directly): the
-llm_* families with model="ensemble", beside the BLS's in the same families, counting the requests sent."""
+(so that no other test's request falls inside its counters' deltas): the llm_* families with model="ensemble",
+beside the BLS's in the same families, counting the requests sent."""
 
 from __future__ import annotations
 

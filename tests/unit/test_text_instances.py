@@ -26,8 +26,8 @@ from tests.unit.test_render import _fake_checkpoint, _fake_tokenizer
 
 def test_instances_follow_the_host_cores():
     """preprocessing (once per request): one per 4 cores, 1 to 8; postprocessing (once per token): one per 2 cores, 1
-    to 16; the handoff's senders: one per 4 cores, up to 8, none below 8 cores. A 2-core machine keeps one of each
-    step and no handoff; a 16-core GPU host gets 4, 8 and 4 (measured on both: docs/benchmarks.md)."""
+    to 16; the handoff's senders: one per 4 cores, 1 to 8. A 2-core machine keeps one of each; a 16-core GPU host
+    gets 4, 8 and 4 (measured on both: docs/benchmarks.md)."""
     cpus = (1, 2, 4, 8, 16, 32, 64)
     assert [default_preprocessing_instance_count(n) for n in cpus] == [1, 1, 1, 2, 4, 8, 8]
     assert [default_postprocessing_instance_count(n) for n in cpus] == [1, 1, 2, 4, 8, 16, 16]

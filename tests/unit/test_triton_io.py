@@ -11,6 +11,8 @@ import types
 import numpy as np
 import pytest
 
+from bls.model_parameters import parse_positive_int
+
 
 class _Tensor:
     def __init__(self, name, array):
@@ -312,12 +314,12 @@ def test_request_parameters_are_refused_by_name(triton_io):
                                      POSTPROCESSING)) == set(tensors)
 
 
-def test_whole_number_parameters_are_checked_by_name(triton_io):
-    assert triton_io.parse_positive_int(None, 1, "stream_interval") == 1
-    assert triton_io.parse_positive_int("4", 1, "stream_interval") == 4
+def test_whole_number_parameters_are_checked_by_name():
+    assert parse_positive_int(None, 1, "stream_interval") == 1
+    assert parse_positive_int("4", 1, "stream_interval") == 4
     for bad in ("0", "-2", "four", "1.5"):
         with pytest.raises(ValueError, match=f"stream_interval={bad!r} is not a whole number"):
-            triton_io.parse_positive_int(bad, 1, "stream_interval")
+            parse_positive_int(bad, 1, "stream_interval")
 
 
 class _ChildResponse:

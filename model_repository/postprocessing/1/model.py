@@ -15,10 +15,11 @@ sys.path.insert(0, str(HERE))
 
 import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
 from bls.contract import POSTPROCESSING
+from bls.model_parameters import model_parameters, parse_bool
 from bls.server_watch import exit_with_server
 from bls.text.postprocessing import Postprocessor
 from bls.text.tokenizer import TokenizerBundle
-from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool, read_inputs
+from bls.triton_io.requests import check_shipped_files, read_inputs
 from bls.triton_io.responses import error_response, make_response
 
 MODEL = "postprocessing"

@@ -12,10 +12,11 @@ sys.path.insert(0, str(HERE))
 import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
 from bls.contract import PREPROCESSING
 from bls.lora_names import parse_adapter_table
+from bls.model_parameters import model_parameters, parse_bool
 from bls.server_watch import exit_with_server
 from bls.text.preprocessing import Preprocessor
 from bls.text.tokenizer import TokenizerBundle
-from bls.triton_io.requests import check_shipped_files, model_parameters, parse_bool
+from bls.triton_io.requests import check_shipped_files
 from bls.triton_io.responses import respond_to_each
 
 MODEL = "preprocessing"

@@ -34,17 +34,12 @@ sys.path.insert(0, str(HERE))
 
 from bls.contract import TENSORRT_LLM, ModelContract
 from bls.errors import InvalidRequest
+from bls.model_parameters import model_parameters, parse_bool
 from bls.relay import RelayConnections, RelayedRequest
 from bls.server_watch import exit_with_server
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.metrics import Metrics
-from bls.triton_io.requests import (
-    check_shipped_files,
-    model_parameters,
-    parse_bool,
-    read_inputs,
-    request_parameters,
-)
+from bls.triton_io.requests import check_shipped_files, read_inputs, request_parameters
 from bls.triton_io.responses import error_response, make_response
 from bls.triton_io.senders import RelayedSender, StubSender
 from embedded_engine.cancellation import PROCESS_CHECKS

@@ -28,17 +28,13 @@ from bls.generation.generator import (
     merge_streamed,
 )
 from bls.llm_metrics import GenerationMetrics, RequestTiming
+from bls.model_parameters import model_parameters, parse_bool, parse_positive_int
 from bls.server_watch import exit_with_server
 from bls.text.tokenizer import TokenizerBundle
 from bls.transports import InProcessTransport, RelayTransport
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.metrics import Metrics
-from bls.triton_io.requests import (
-    check_shipped_files,
-    model_parameters,
-    parse_bool,
-    parse_positive_int,
-)
+from bls.triton_io.requests import check_shipped_files
 
 MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the name in logs and metrics
 # How long finalize waits for running requests before ending them with an error. Triton calls finalize with
