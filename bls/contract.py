@@ -328,9 +328,9 @@ TENSORRT_LLM_BLS = ModelContract(
 
 # ----------------------------------------------------------------------------------------------------
 # tensorrt_llm_handoff (relay/handoff.h): the engine's tensors, plus its own output, which only a request that asks
-# for it gets (the ensemble does): the stream state postprocessing needs for exact streamed text. Only the responses
-# whose text depends on the ids before them carry it (a character's bytes pending before or after them); the engine's
-# outputs stay exactly as the engine sent them.
+# for it gets (the ensemble does): the stream state postprocessing needs for exact streamed text. A stream's responses
+# carry it from its first token that is part of a character on (relay/handoff.cc NeedsTextState says why not only
+# around split characters); the engine's outputs stay exactly as the engine sent them.
 # ----------------------------------------------------------------------------------------------------
 HANDOFF_MODEL = "tensorrt_llm_handoff"
 # handoff output -> postprocessing input. One tensor, and only where needed, since every tensor the ensemble carries
@@ -345,8 +345,8 @@ TEXT_END = -1  # relay/handoff.cc kTextEnd
 
 class TokenTextClass(enum.IntEnum):
     """What one token's bytes are to a UTF-8 stream (bls/text/detokenizer.py token_text_classes). `make repo` writes a
-    byte of it per token id to the handoff's TOKEN_TEXT_CLASSES_FILE, from which the handoff tells the streams whose
-    text needs PRECEDING_IDS: those with bytes pending, or about to be (relay/handoff.cc TokenTextClass)."""
+    byte of it per token id to the handoff's TOKEN_TEXT_CLASSES_FILE, from which the handoff tells when a stream's
+    text starts to need PRECEDING_IDS: at its first PARTIAL token (relay/handoff.cc NeedsTextState)."""
 
     WHOLE = 0  # whole characters alone: nothing held before or after it
     EMPTY = 1  # no bytes (a special token postprocessing skips): the stream's state passes through it

@@ -19,9 +19,8 @@ constexpr int32_t kTextEnd = -1;  // bls/contract.py TEXT_END
 constexpr size_t kPrecedingTokens = 8;
 // A byte per token id, in the version folder (bls/contract.py TOKEN_TEXT_CLASSES_FILE, written by make repo).
 constexpr char kTokenTextClassesFile[] = "token_text_classes.bin";
-// What a token's bytes are to a UTF-8 stream: its byte in the file (bls/contract.py TokenTextClass; kWhole = 0, any
-// other byte is refused at load).
-constexpr uint8_t kEmpty = 1;
+// What a token's bytes are to a UTF-8 stream: its byte in the file (bls/contract.py TokenTextClass: 0 whole
+// characters, 1 no bytes, 2 part of a character; any other byte is refused at load).
 constexpr uint8_t kPartial = 2;
 }  // namespace
 
@@ -39,9 +38,8 @@ struct HandoffStream {
   // 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream gets no state, so
   // postprocessing decodes each response alone, as NVIDIA's does.
   bool exact_text = false;
-  // The stream's bytes so far may end inside a character (its last token with bytes is kPartial): postprocessing
-  // holds them until the next response, which therefore needs the state.
-  bool pending = false;
+  // The stream has met a token that is part of a character: from then on every response carries the state.
+  bool stateful = false;
   std::vector<int32_t> preceding;  // the last ids forwarded (exact_text), at most kPrecedingTokens
   std::vector<int32_t> state;  // the output's data, reused from response to response
   RequestTiming timing;
@@ -105,23 +103,23 @@ std::vector<int32_t> ResponseIds(TRITONSERVER_InferenceResponse* response) {
   return std::vector<int32_t>(base, base + n);
 }
 
-// Whether the text of `ids` after the stream's earlier ids differs from `ids` decoded alone, which is when
-// postprocessing needs the stream's state: bytes are pending before them, or a token of theirs is part of a
-// character. Moves stream->pending past them. An id outside the table is kPartial (postprocessing refuses it).
+// Whether this response carries the stream's state: from the stream's first token that is part of a character on
+// (kPartial), every response does. Before it every token was whole characters or no bytes, so nothing is pending and
+// each response decoded alone is exact. Why not only the responses around a split character: postprocessing's
+// dynamic batcher puts requests with and without an optional input in different batches (core's
+// dynamic_batch_scheduler.cc, RequiredEqualInputs), so a stream switching back and forth would break its batches at
+// every switch (docs/benchmarks.md). An id outside the table is kPartial (postprocessing refuses it).
 bool NeedsTextState(HandoffStream* stream, const std::vector<int32_t>& ids, const std::vector<uint8_t>& classes) {
-  bool needs = stream->pending;
   for (const int32_t id : ids) {
-    const uint8_t token_class = id >= 0 && static_cast<size_t>(id) < classes.size() ? classes[id] : kPartial;
-    if (token_class == kEmpty) continue;
-    stream->pending = token_class == kPartial;
-    needs = needs || stream->pending;
+    if (stream->stateful) break;
+    stream->stateful = id < 0 || static_cast<size_t>(id) >= classes.size() || classes[id] == kPartial;
   }
-  return needs;
+  return stream->stateful;
 }
 
-// An exact-text stream's response about to be sent with the engine's `ids`: the stream-state output where its text
-// needs it ([1, 1, n]: the preceding ids, then kTextEnd on the final response), and the stream's preceding ids
-// moved past `ids`; "" or why not. Where it is left out, Triton's ensemble gives postprocessing no PRECEDING_IDS
+// An exact-text stream's response about to be sent with the engine's `ids`: the stream-state output where
+// NeedsTextState says ([1, 1, n]: the preceding ids, then kTextEnd on the final response), and the stream's preceding
+// ids moved past `ids`; "" or why not. Where it is left out, Triton's ensemble gives postprocessing no PRECEDING_IDS
 // (core's EnsembleContext::ResponseComplete: an output a response leaves out is an optional input left out, since
 // Triton 24.01), and the response is decoded alone.
 std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response, const std::vector<int32_t>& ids,

@@ -13,10 +13,10 @@
 // queues each of its responses; `sender_threads` threads re-send them on the ensemble's request, which runs the
 // ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. Errors are
 // passed on as they are. Exact streamed text: to a request that asks for its own output preceding_ids (the ensemble
-// does; not passed to the engine), it adds it to each response whose text depends on the tokens before it (bytes
-// of a character pending before or after it, told by a byte per token id that make repo writes from the
-// tokenizer): the stream's last ids before this response, then -1 where the stream ends here, from which
-// postprocessing decodes complete characters only; any other response is decoded alone, as NVIDIA's are
+// does; not passed to the engine), it adds it to every response from the stream's first token that is part of a
+// character on (told by a byte per token id that make repo writes from the tokenizer): the stream's last ids
+// before this response, then -1 where the stream ends here, from which postprocessing decodes complete characters
+// only; the responses before it (whole characters only: English text throughout) are decoded alone, as NVIDIA's are
 // (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's
 // ensemble cancels a step request only when it schedules the step, so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
 // later, before a response is re-sent (the engine request is cancelled). Request priority (no backend API reads

@@ -178,17 +178,12 @@ def stream_state(preceding: list[int], complete: bool) -> dict:
     return {"PRECEDING_IDS": np.asarray(ids, np.int32).reshape(1, 1, len(ids))}
 
 
-def handoff_sends_state(pending: list[bool], ids: list[int], classes: bytes) -> bool:
+def handoff_sends_state(stateful: list[bool], ids: list[int], classes: bytes) -> bool:
     """relay/handoff.cc NeedsTextState's rule, written out to test what it implies (the handoff itself is tested
-    through the server: tests/integration/test_handoff.py): the state goes where bytes were pending before `ids` or
-    a token of theirs is PARTIAL; bytes are pending after the last token with bytes if it is PARTIAL."""
-    needs = pending[0]
-    for token in ids:
-        if classes[token] == TokenTextClass.EMPTY:
-            continue
-        pending[0] = classes[token] == TokenTextClass.PARTIAL
-        needs = needs or pending[0]
-    return needs
+    through the server: tests/integration/test_handoff.py): the state goes with every response from the stream's
+    first PARTIAL token on."""
+    stateful[0] = stateful[0] or any(classes[token] == TokenTextClass.PARTIAL for token in ids)
+    return stateful[0]
 
 
 @pytest.mark.parametrize("skip_special_tokens", [True, False])
@@ -205,13 +200,13 @@ def test_postprocessing_of_what_the_handoff_sends_adds_up_to_the_full_decode(bun
     for _ in range(150):
         ids = [rng.choice([rng.choice(words), rng.choice(words), rng.choice(lone_bytes), EOT,
                            rng.randrange(bundle.vocab_size)]) for _ in range(rng.randint(1, 30))]
-        pieces, position, pending = [], 0, [False]
+        pieces, position, stateful = [], 0, [False]
         while position < len(ids):
             size = min(rng.choice([0, 1, 1, 1, 1, 2]), len(ids) - position)
             chunk = ids[position : position + size]
             batch, lengths = tokens(chunk)
             state = {}
-            if handoff_sends_state(pending, chunk, classes):
+            if handoff_sends_state(stateful, chunk, classes):
                 with_state += 1
                 state = stream_state(ids[max(0, position - PRECEDING_TOKENS) : position], position + size == len(ids))
             else:
@@ -219,7 +214,7 @@ def test_postprocessing_of_what_the_handoff_sends_adds_up_to_the_full_decode(bun
             pieces.append(post({"TOKENS_BATCH": batch, "SEQUENCE_LENGTH": lengths, **state})["OUTPUT"][0].decode())
             position += size
         assert "".join(pieces) == bundle.decode(ids, skip_special_tokens), ids
-    assert alone > 500 and with_state > 500  # both kinds of response were decoded
+    assert alone > 200 and with_state > 200  # both kinds of response were decoded
 
 
 def test_the_token_text_classes_are_what_the_tokens_bytes_are(bundle):
@@ -239,7 +234,6 @@ def test_the_handoff_reads_the_token_text_classes_as_written():
     source = (Path(__file__).resolve().parents[2] / "relay" / "handoff.cc").read_text()
     assert re.search(r'constexpr char kTokenTextClassesFile\[\] = "([^"]+)";', source).group(1) == \
         TOKEN_TEXT_CLASSES_FILE
-    assert int(re.search(r"constexpr uint8_t kEmpty = (\d+);", source).group(1)) == TokenTextClass.EMPTY
     assert int(re.search(r"constexpr uint8_t kPartial = (\d+);", source).group(1)) == TokenTextClass.PARTIAL
     assert TokenTextClass.WHOLE == 0 and max(TokenTextClass) == TokenTextClass.PARTIAL  # handoff.cc refuses others
 
