@@ -52,6 +52,9 @@ class Postprocessor:
         # exactly what decoding the id again returns (a lone piece of a multi-byte character included: U+FFFD).
         # Bounded by the vocabulary.
         self._token_text: dict[int, bytes] = {}
+        # A token whose bytes alone are whole UTF-8 (they start a character and end one): its text, else None.
+        # Bounded by the vocabulary.
+        self._whole_text: dict[int, bytes | None] = {}
 
     def __call__(self, inputs: Tensors) -> Tensors:
         """One request; raises InvalidRequest naming the field."""
@@ -129,8 +132,26 @@ class Postprocessor:
     def _sequence_text(self, seq: _Sequence) -> bytes:
         if seq.preceding is None:
             return self._text(seq.ids)
+        if len(seq.ids) == 1 and (text := self._whole(int(seq.ids[0]))) is not None and (
+                not len(seq.preceding) or self._whole(int(seq.preceding[-1])) is not None):
+            # The common streamed token of a stream that carries the state (it has met a split character): nothing
+            # held before it (the previous token ended a character) and nothing held after (it is whole):
+            # continuation_text would return its own text; a cached lookup instead.
+            return text
         return continuation_text(self.bundle, seq.preceding.tolist(), seq.ids.tolist(), seq.complete,
                                  self.skip_special_tokens).encode("utf-8")
+
+    def _whole(self, token: int) -> bytes | None:
+        """The token's text if its bytes alone are whole UTF-8 (continuation_text then holds nothing around it)."""
+        if token in self._whole_text:
+            return self._whole_text[token]
+        data = self.bundle.token_bytes([token], self.skip_special_tokens)
+        try:
+            text = data.decode("utf-8").encode("utf-8") if data else None  # a skipped token (b""): look further back
+        except UnicodeDecodeError:
+            text = None
+        self._whole_text[token] = text
+        return text
 
     def _text(self, ids: np.ndarray) -> bytes:
         if len(ids) == 1:
