@@ -333,12 +333,12 @@ TENSORRT_LLM_BLS = ModelContract(
 # around split characters); the engine's outputs stay exactly as the engine sent them.
 # ----------------------------------------------------------------------------------------------------
 HANDOFF_MODEL = "tensorrt_llm_handoff"
-# handoff output -> postprocessing input. One tensor, and only where needed, since every tensor the ensemble carries
-# costs tritonserver CPU at every streamed token; a response without it is decoded alone (Triton's ensemble leaves an
-# output a response does not send out of the next step's request). [1, beam, n], each row the stream's last ids before
-# this response, followed by TEXT_END when this response ends the stream's text (ids are never negative, so the mark
-# is unambiguous; every row of one response is the same length). A row of TEXT_END alone: no preceding ids, text
-# complete, i.e. decoded alone.
+# handoff output -> postprocessing input. One tensor, and only where it may be needed (relay/handoff.cc
+# NeedsTextState), since every tensor the ensemble carries costs tritonserver CPU at every streamed token; a response
+# without it is decoded alone (Triton's ensemble leaves an output a response does not send out of the next step's
+# request). [1, beam, n], each row the stream's last ids before this response, followed by TEXT_END when this
+# response ends the stream's text (ids are never negative, so the mark is unambiguous; every row of one response is
+# the same length). A row of TEXT_END alone: no preceding ids, text complete, i.e. decoded alone.
 HANDOFF_TEXT_STATE = {"preceding_ids": "PRECEDING_IDS"}
 TEXT_END = -1  # relay/handoff.cc kTextEnd
 

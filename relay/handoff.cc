@@ -11,7 +11,7 @@ namespace llama3_relay {
 
 namespace {
 // The stream-state output (bls/contract.py HANDOFF_TEXT_STATE), sent to a request that asks for it, in the responses
-// whose text needs it: the stream's preceding ids, then kTextEnd where the response ends the stream's text (ids are
+// NeedsTextState names: the stream's preceding ids, then kTextEnd where the response ends the stream's text (ids are
 // never negative).
 constexpr char kPrecedingIds[] = "preceding_ids";
 constexpr int32_t kTextEnd = -1;  // bls/contract.py TEXT_END

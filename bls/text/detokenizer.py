@@ -25,8 +25,8 @@ step re-decodes the growing window (78 µs a token after 300 such tokens, 484 µ
 has no finish(): a held tail would never reach the client. The cut search below bounds both.
 
 `continuation_text` is the stateless counterpart, for the ensemble's postprocessing, whose instances keep no
-stream: the state travels with each response whose text needs it as the last few ids before it (PRECEDING_IDS,
-from the handoff, which tells those responses by `token_text_classes`).
+stream: the state travels with a stream's responses from its first split character on as the last few ids before
+each (PRECEDING_IDS, from the handoff, which tells split characters by `token_text_classes`).
 """
 
 from __future__ import annotations

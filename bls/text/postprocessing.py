@@ -8,8 +8,8 @@ span two responses into U+FFFD pieces. Our optional input makes it exact without
 shared by every stream): PRECEDING_IDS, the last ids of the same sequence before these, followed by TEXT_END (-1)
 where these ids end it (bls/contract.py HANDOFF_TEXT_STATE); the text is then
 bls.text.detokenizer.continuation_text, whose pieces join into exactly the text of the whole sequence. The
-ensemble's handoff (relay/handoff.h) sends it with the responses whose text depends on the ids before them
-(bytes of a character pending before or after them); every other response, and every request of NVIDIA's
+ensemble's handoff (relay/handoff.h) sends it with a stream's responses from its first split character on; every
+other response (a stream of whole characters so far: nothing pending), and every request of NVIDIA's
 clients and the BLS, comes without it and is decoded alone.
 
 In the ensemble every engine response is one postprocessing request, almost always one streamed token, and

@@ -70,7 +70,8 @@ def test_streamed_text_through_the_handoff_is_the_text_unstreamed_and_the_bls_te
 
 @pytest.mark.parametrize("max_tokens", [7, 8, 9, 24])
 def test_characters_split_across_responses_stream_exactly(server, max_tokens):
-    """Each response whose text needs it is decoded with the ids before it (the handoff's stream state): streamed ==
+    """Each response from the first split character on is decoded with the ids before it (the handoff's stream
+    state): streamed ==
     unstreamed,
     ending mid-character included (then both end in U+FFFD), and an event whose ids only start a character is
     empty instead of NVIDIA's U+FFFD pieces."""
