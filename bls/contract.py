@@ -348,9 +348,8 @@ class TokenTextClass(enum.IntEnum):
     byte of it per token id to the handoff's TOKEN_TEXT_CLASSES_FILE, from which the handoff tells when a stream's
     text starts to need PRECEDING_IDS: at its first PARTIAL token (relay/handoff.cc NeedsTextState)."""
 
-    WHOLE = 0  # whole characters alone: nothing held before or after it
-    EMPTY = 1  # no bytes (a special token postprocessing skips): the stream's state passes through it
-    PARTIAL = 2  # part of a character (or invalid bytes): may leave bytes pending
+    WHOLE = 0  # whole characters alone, or no bytes (a special token postprocessing skips): nothing left pending
+    PARTIAL = 1  # part of a character (or invalid bytes): may leave bytes pending
 
 
 # In the handoff's version folder; its length is the vocabulary's (postprocessing's tokenizer).

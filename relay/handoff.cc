@@ -20,8 +20,8 @@ constexpr size_t kPrecedingTokens = 8;
 // A byte per token id, in the version folder (bls/contract.py TOKEN_TEXT_CLASSES_FILE, written by make repo).
 constexpr char kTokenTextClassesFile[] = "token_text_classes.bin";
 // What a token's bytes are to a UTF-8 stream: its byte in the file (bls/contract.py TokenTextClass: 0 whole
-// characters, 1 no bytes, 2 part of a character; any other byte is refused at load).
-constexpr uint8_t kPartial = 2;
+// characters or no bytes, 1 part of a character; any other byte is refused at load).
+constexpr uint8_t kPartial = 1;
 }  // namespace
 
 struct HandoffStream {

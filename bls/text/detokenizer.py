@@ -138,18 +138,14 @@ def pending_bytes(bundle: TokenizerBundle, ids: Sequence[int], skip_special_toke
 
 def token_text_classes(bundle: TokenizerBundle, skip_special_tokens: bool) -> bytes:
     """Each token's TokenTextClass (bls/contract.py), a byte per id of the vocabulary: what the handoff needs to send
-    a stream's state only where continuation_text differs from decoding a response alone (relay/handoff.cc). A
-    tokenizer that is not byte-level is all WHOLE: postprocessing decodes its responses alone either way."""
+    a stream's state only from its first split character on (relay/handoff.cc NeedsTextState). A tokenizer that is
+    not byte-level is all WHOLE: postprocessing decodes its responses alone either way."""
     table = bytearray(TokenTextClass.WHOLE for _ in range(bundle.vocab_size))
     if not bundle.byte_level:
         return bytes(table)
     for token in range(bundle.vocab_size):
-        data = bundle.token_bytes([token], skip_special_tokens)
-        if not data:
-            table[token] = TokenTextClass.EMPTY
-            continue
         try:
-            data.decode("utf-8")
+            bundle.token_bytes([token], skip_special_tokens).decode("utf-8")
         except UnicodeDecodeError:
             table[token] = TokenTextClass.PARTIAL
     return bytes(table)
