@@ -164,7 +164,7 @@ check-repo:
 # not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
 # Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
 REHEARSAL ?= 1
-test: lint $(if $(SERVER_URL),$(TEST_SETUP),repo system-packages)
+test: $(if $(SERVER_URL),,system-packages) lint $(if $(SERVER_URL),$(TEST_SETUP),repo)
 	$(MAKE) --no-print-directory unit
 	$(TEST_PY) -m pytest -q tests/integration --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
@@ -188,19 +188,11 @@ unit: $(TEST_SETUP)
 rehearse: repo system-packages
 	$(PY) -m tools.container_rehearsal
 
-# Debian packages the tests run: promtool (prometheus: the alert and recording rules' unit tests, make
-# prometheus-check) and clang++ (clang: the rehearsal builds the relay with it, as the 26.07 image does). Installed
-# where missing, as root; elsewhere the command to run is named.
-SYSTEM_PACKAGES := prometheus:promtool clang:clang++
+# Debian packages the tests run (promtool; clang++ with its sanitizer runtime, the 26.07 image's compiler; the
+# distribution's python3 venv and libpython for the rehearsal), each proven by what the tests do with it and installed
+# where it fails, as root (tools/system_packages.py); elsewhere the apt-get command to run is named.
 system-packages:
-	@missing="$$(for entry in $(SYSTEM_PACKAGES); do command -v $${entry#*:} >/dev/null || echo $${entry%%:*}; done)"; \
-	if [ -n "$$missing" ]; then \
-	    if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	        echo "installing Debian's $$missing"; \
-	        export DEBIAN_FRONTEND=noninteractive; apt-get install -y -q --no-install-recommends $$missing >/dev/null \
-	            || { apt-get update -q >/dev/null && apt-get install -y -q --no-install-recommends $$missing >/dev/null; }; \
-	    else echo "the tests need: apt-get install $$missing (as root)"; exit 1; fi; \
-	fi
+	$(PYTHON) tools/system_packages.py
 
 # The container's test clients: a venv of the test extra over the container Python's site-packages, which it
 # shadows only inside it (testkit/client_venv.py says why it is not --system-site-packages).

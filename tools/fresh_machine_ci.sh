@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# CI on a machine that never ran the project: a Debian root made by debootstrap (minbase) with only the README's
+# prerequisites (Python 3.11+ with venv, g++, make, git), a clean clone of this checkout's HEAD in it, and
+# `bash .ci/run` run inside it in a private mount namespace. Whatever `make test` needs beyond the prerequisites must
+# be installed by the project's own files, or this run fails.
+#
+#   sudo tools/fresh_machine_ci.sh [ROOT] [RELEASE]     # ROOT default build/fresh-root, RELEASE bookworm (or trixie)
+#
+# What it shares with this machine: the kernel, the network (apt and PyPI reach the same registries) and, read-only,
+# this machine's pip configuration and local wheel folders (/opt/wheels: the CPU build of torch; the machine's
+# PyPI mirrors), as CI's machines have them. Nothing the project installed here (Debian packages, venvs) is visible.
+# The root is reused between runs only for its debootstrap; the clone, and everything `make test` made, is new each run.
+set -euo pipefail
+PROJECT="$(cd "$(dirname "$0")/.." && pwd)"
+ROOT="$(realpath -m "${1:-$PROJECT/build/fresh-root}")"
+RELEASE="${2:-bookworm}"
+PREREQUISITES="python3 python3-venv g++ make git ca-certificates"
+[ "$(id -u)" = 0 ] || { echo "needs root (debootstrap, mount namespaces)"; exit 1; }
+command -v debootstrap >/dev/null || { echo "needs debootstrap: apt-get install debootstrap"; exit 1; }
+
+if [ ! -f "$ROOT/.prerequisites" ]; then
+    if [ ! -f "$ROOT/etc/debian_version" ]; then
+        echo "[fresh] debootstrap --variant=minbase $RELEASE $ROOT"
+        debootstrap --variant=minbase "$RELEASE" "$ROOT" http://deb.debian.org/debian >/dev/null
+    fi
+    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    chroot "$ROOT" bash -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null && \
+        apt-get install -y -q --no-install-recommends $PREREQUISITES >/dev/null"
+    echo "$PREREQUISITES" > "$ROOT/.prerequisites"
+fi
+cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+
+# The clone: committed files of HEAD only, as CI's `git clone` gets them.
+rm -rf "$ROOT/ci"
+git clone -q --no-hardlinks "$PROJECT" "$ROOT/ci/llama3-triton"
+echo "[fresh] clone of $(git -C "$PROJECT" rev-parse --short HEAD) at $ROOT/ci/llama3-triton; Debian $(cat "$ROOT/etc/debian_version")"
+
+exec unshare --mount --propagation private -- bash -c '
+set -euo pipefail
+ROOT="$1"
+mount --bind "$ROOT" "$ROOT"          # a mount point of its own, so that the tests can make / private in it
+mount -t proc proc "$ROOT/proc"
+mount -t sysfs sysfs "$ROOT/sys"
+mount --rbind /dev "$ROOT/dev"
+mount -t tmpfs -o mode=1777 tmpfs "$ROOT/dev/shm"
+mount -t tmpfs tmpfs "$ROOT/tmp"
+for shared in /opt/wheels /opt/pypi /opt/pypi-more; do
+    [ -d "$shared" ] || continue
+    mkdir -p "$ROOT$shared"; mount --bind -o ro "$shared" "$ROOT$shared"
+done
+mkdir -p "$ROOT/etc/xdg/pip" "$ROOT/root/.config/pip"
+for config in /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt /root/.config/pip/pip.conf; do
+    [ -f "$config" ] && cp "$config" "$ROOT$config"
+done
+exec chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+    PIP_FIND_LINKS=/opt/wheels PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    bash -c "cd /ci/llama3-triton && time bash .ci/run"
+' fresh "$ROOT"
