@@ -73,7 +73,22 @@ def install_stub() -> Path | None:
     target = root / "backends" / "python" / STUB_NAME
     if not target.is_file() or target.read_bytes() != source.read_bytes():
         shutil.copy2(source, target)
+    check_stub_starts(target)
     return target
+
+
+def check_stub_starts(stub: Path) -> None:
+    """Start the stub as the server will (its environment, no arguments): it must load its libraries (libpython
+    X.Y.so.1.0 above all, which a Python built without --enable-shared, or a Debian machine without the
+    libpythonX.Y package, lacks) and get as far as reading its arguments. Found at set-up, not at the first model
+    load."""
+    started = subprocess.run([str(stub)], env=server_environment(), capture_output=True, text=True, timeout=60)
+    printed = started.stdout + started.stderr
+    if "Expected 9 arguments" not in printed:
+        version = f"{sys.version_info.major}.{sys.version_info.minor}"
+        raise SystemExit(f"the Python backend stub {stub} does not start with this Python ({sys.executable}): "
+                         f"{printed.strip() or f'exit {started.returncode}'}\n(it links libpython{version}.so.1.0: on "
+                         f"Debian `apt-get install libpython{version}`, or a Python built with --enable-shared)")
 
 
 def server_environment(python: Path | None = None) -> dict[str, str]:

@@ -107,3 +107,21 @@ def test_the_wheels_tritonserver_gets_this_pythons_libpython_first(monkeypatch):
     monkeypatch.setenv("LD_LIBRARY_PATH", "/host/lib")
     assert tritonserver.server_environment()["LD_LIBRARY_PATH"].split(":") == [
         sysconfig.get_config_var("LIBDIR"), "/host/lib"]
+
+
+def test_a_stub_that_cannot_load_libpython_stops_set_up_naming_the_package(tmp_path):
+    from serving.tritonserver import check_stub_starts
+
+    stub = tmp_path / "triton_python_backend_stub"
+    stub.write_text("#!/bin/sh\necho 'triton_python_backend_stub: error while loading shared libraries: "
+                    "libpython3.11.so.1.0: cannot open shared object file: No such file or directory' >&2\nexit 127\n")
+    stub.chmod(0o755)
+    with pytest.raises(SystemExit, match=r"(?s)libpython3\.11\.so\.1\.0: cannot open shared object file.*apt-get install "
+                                         r"libpython3\.\d+"):
+        check_stub_starts(stub)
+
+
+def test_the_installed_stub_starts_with_this_python():
+    from serving.tritonserver import _wheel_root, check_stub_starts
+
+    check_stub_starts(_wheel_root() / "backends" / "python" / "triton_python_backend_stub")
