@@ -121,8 +121,6 @@ class Postprocessor:
         if preceding.ndim != 3 or preceding.shape[:2] != (batch, beams):
             raise InvalidRequest("PRECEDING_IDS", f"shape {list(preceding.shape)} does not match TOKENS_BATCH "
                                  f"{[batch, beams]} (must be [batch, beam, n])")
-        if not self.bundle.byte_level:  # continuation_text needs the tokens' bytes: decoded alone, as without it
-            return alone
         return [(row[:-1], True) if row.size and row[-1] == TEXT_END else (row, False)
                 for row in preceding.reshape(batch * beams, preceding.shape[2])]
 

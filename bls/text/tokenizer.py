@@ -43,8 +43,12 @@ class TokenizerBundle:
         # Python around it, which cost the BLS more than the decode itself on its per-token path.
         self._rust_decode = tokenizer.backend_tokenizer.decode if tokenizer.is_fast else None
         # Byte-level BPE (every Llama 3 tokenizer): a token is a byte string, and decode() joins the tokens' bytes
-        # and decodes them as UTF-8 with replacement (the ByteLevel decoder). token_bytes() exists only then.
-        self.byte_level = tokenizer.is_fast and isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)
+        # and decodes them as UTF-8 with replacement (the ByteLevel decoder). Exact streamed text is defined on those
+        # bytes (bls/text/detokenizer.py), so no other kind of tokenizer is served.
+        if not (tokenizer.is_fast and isinstance(tokenizer.backend_tokenizer.decoder, decoders.ByteLevel)):
+            raise ValueError(f"{type(tokenizer).__name__} ({getattr(tokenizer, 'name_or_path', '')}) is not a "
+                             "byte-level BPE tokenizer, as every Llama 3 tokenizer is: exact streamed text is defined "
+                             "on token bytes")
         self._byte_of_char = {char: byte for byte, char in bytes_to_unicode().items()}
         self._token_bytes: dict[tuple[int, bool], bytes] = {}  # bounded by the vocabulary
         # encode() with split_special_tokens flips a flag on the shared Rust tokenizer and leaves it set,
@@ -286,8 +290,8 @@ class TokenizerBundle:
     # ids -> text
     # ------------------------------------------------------------------------------------------------
     def token_bytes(self, ids: Sequence[int], skip_special_tokens: bool) -> bytes:
-        """The bytes decode() turns into text: decode(ids) == token_bytes(ids).decode("utf-8", "replace") (byte-level
-        tokenizers only). A skipped special token is no bytes; a kept one is its text."""
+        """The bytes decode() turns into text: decode(ids) == token_bytes(ids).decode("utf-8", "replace"). A skipped
+        special token is no bytes; a kept one is its text."""
         parts = []
         for token in ids:
             key = (int(token), skip_special_tokens)

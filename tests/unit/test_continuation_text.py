@@ -40,9 +40,20 @@ def random_chunks(rng, length) -> list[int]:
     return chunks
 
 
+def test_a_tokenizer_that_is_not_byte_level_is_refused():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from bls.text.tokenizer import TokenizerBundle
+
+    backend = Tokenizer(models.WordPiece({"[UNK]": 0, "hello": 1}, unk_token="[UNK]"))
+    backend.pre_tokenizer, backend.decoder = pre_tokenizers.Whitespace(), decoders.WordPiece()
+    with pytest.raises(ValueError, match="is not a byte-level BPE tokenizer"):
+        TokenizerBundle(PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="[UNK]"), [1])
+
+
 def test_the_tokens_bytes_are_what_decode_decodes(bundle):
     rng = random.Random(7)
-    assert bundle.byte_level
     for _ in range(300):
         ids = [rng.randrange(bundle.vocab_size) for _ in range(rng.randint(0, 12))]
         for skip in (True, False):

@@ -1,4 +1,4 @@
-"""IncrementalDetokenizer: streamed deltas add up to the full decode, at bounded work per token."""
+"""IncrementalDetokenizer: streamed deltas add up to the full decode, at bounded work per token (byte-level)."""
 
 from __future__ import annotations
 
@@ -23,15 +23,16 @@ TEXTS = [
 
 @pytest.fixture()
 def decoded_lengths(bundle, monkeypatch) -> list[int]:
-    """How many ids each decode call of the detokenizer receives (a spy on the real decode)."""
+    """How many ids each lookup of the detokenizer receives (a spy on the real token_bytes, its only work)."""
     lengths: list[int] = []
-    real_decode = bundle.decode
+    real_token_bytes = bundle.token_bytes
 
-    def counting_decode(ids, skip_special_tokens):
+    def counting_token_bytes(ids, skip_special_tokens):
+        ids = list(ids)
         lengths.append(len(ids))
-        return real_decode(ids, skip_special_tokens)
+        return real_token_bytes(ids, skip_special_tokens)
 
-    monkeypatch.setattr(bundle, "decode", counting_decode)
+    monkeypatch.setattr(bundle, "token_bytes", counting_token_bytes)
     return lengths
 
 
