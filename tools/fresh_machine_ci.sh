@@ -4,34 +4,38 @@
 # `bash .ci/run` run inside it in a private mount namespace. Whatever `make test` needs beyond the prerequisites must
 # be installed by the project's own files, or this run fails.
 #
-#   sudo tools/fresh_machine_ci.sh [ROOT] [RELEASE]     # ROOT default build/fresh-root, RELEASE bookworm (or trixie)
+#   sudo tools/fresh_machine_ci.sh [DIR] [RELEASE]     # DIR default build/fresh, RELEASE bookworm (or trixie)
 #
 # What it shares with this machine: the kernel, the network (apt and PyPI reach the same registries) and, read-only,
-# this machine's pip configuration and local wheel folders (/opt/wheels: the CPU build of torch; the machine's
-# PyPI mirrors), as CI's machines have them. Nothing the project installed here (Debian packages, venvs) is visible.
-# The root is reused between runs only for its debootstrap; the clone, and everything `make test` made, is new each run.
+# this machine's pip configuration, CA certificates (the network's TLS proxy) and local wheel folders (/opt/wheels:
+# the CPU build of torch; the machine's PyPI mirrors), as CI's machines have them. Nothing the project installed here
+# (Debian packages, venvs) is visible. DIR/base (debootstrap + prerequisites) is made once and never changed; each run
+# works in a new copy of it, DIR/run, so every run starts on a machine that never ran the project.
 set -euo pipefail
 PROJECT="$(cd "$(dirname "$0")/.." && pwd)"
-ROOT="$(realpath -m "${1:-$PROJECT/build/fresh-root}")"
+DIR="$(realpath -m "${1:-$PROJECT/build/fresh}")"
+BASE="$DIR/base"
+ROOT="$DIR/run"
 RELEASE="${2:-bookworm}"
 PREREQUISITES="python3 python3-venv g++ make git ca-certificates"
 [ "$(id -u)" = 0 ] || { echo "needs root (debootstrap, mount namespaces)"; exit 1; }
 command -v debootstrap >/dev/null || { echo "needs debootstrap: apt-get install debootstrap"; exit 1; }
 
-if [ ! -f "$ROOT/.prerequisites" ]; then
-    if [ ! -f "$ROOT/etc/debian_version" ]; then
-        echo "[fresh] debootstrap --variant=minbase $RELEASE $ROOT"
-        debootstrap --variant=minbase "$RELEASE" "$ROOT" http://deb.debian.org/debian >/dev/null
-    fi
-    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
-    chroot "$ROOT" bash -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null && \
+if [ ! -f "$BASE/.prerequisites" ]; then
+    rm -rf "$BASE"
+    echo "[fresh] debootstrap --variant=minbase $RELEASE $BASE"
+    debootstrap --variant=minbase "$RELEASE" "$BASE" http://deb.debian.org/debian >/dev/null
+    cp /etc/resolv.conf "$BASE/etc/resolv.conf"
+    chroot "$BASE" bash -c "export DEBIAN_FRONTEND=noninteractive; apt-get update -q >/dev/null && \
         apt-get install -y -q --no-install-recommends $PREREQUISITES >/dev/null"
-    echo "$PREREQUISITES" > "$ROOT/.prerequisites"
+    echo "$PREREQUISITES" > "$BASE/.prerequisites"
 fi
+echo "[fresh] a new machine: $ROOT, a copy of $BASE"
+rm -rf "$ROOT"
+cp -a "$BASE" "$ROOT"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
 
 # The clone: committed files of HEAD only, as CI's `git clone` gets them.
-rm -rf "$ROOT/ci"
 git clone -q --no-hardlinks "$PROJECT" "$ROOT/ci/llama3-triton"
 echo "[fresh] clone of $(git -C "$PROJECT" rev-parse --short HEAD) at $ROOT/ci/llama3-triton; Debian $(cat "$ROOT/etc/debian_version")"
 
@@ -48,12 +52,13 @@ for shared in /opt/wheels /opt/pypi /opt/pypi-more; do
     [ -d "$shared" ] || continue
     mkdir -p "$ROOT$shared"; mount --bind -o ro "$shared" "$ROOT$shared"
 done
+mount --bind -o ro /etc/ssl/certs/ca-certificates.crt "$ROOT/etc/ssl/certs/ca-certificates.crt"
 mkdir -p "$ROOT/etc/xdg/pip" "$ROOT/root/.config/pip"
-for config in /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt /root/.config/pip/pip.conf; do
+for config in /etc/pip.conf /etc/xdg/pip/pip.conf /etc/xdg/pip/constraints.txt /root/.config/pip/pip.conf; do
     [ -f "$config" ] && cp "$config" "$ROOT$config"
 done
 exec chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-    PIP_FIND_LINKS=/opt/wheels PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_FIND_LINKS=/opt/wheels PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
     bash -c "cd /ci/llama3-triton && time bash .ci/run"
 ' fresh "$ROOT"
