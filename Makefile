@@ -120,6 +120,7 @@ setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 ifneq ($(SYSTEM_PYTHON),1)
+	$(PYTHON) tools/system_packages.py --serving
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	@rm -f $(VENV)/.installed-*

@@ -11,7 +11,8 @@ Package names are the same on Debian 12 (bookworm) and 13 (trixie): `clang`, `li
 name of the default clang's runtime, libclang-rt-14-dev / -19-dev), `g++`, `prometheus`, `python3-venv`,
 `iproute2`, and `libpythonX.Y` for the distribution's python3 X.Y.
 
-    python3 tools/system_packages.py        # exit 0 when every capability works (installing what is missing)
+    python3 tools/system_packages.py             # make test's: exit 0 when all work (installing what is missing)
+    python3 tools/system_packages.py --serving   # make serve's (the set-up runs it): the Python backend's stub
 
 Standard library only: it runs before any venv exists.
 """
@@ -147,13 +148,16 @@ def _venv_check(work: Path) -> str | None:
     return None if pip.returncode == 0 else f"the venv has no pip:\n{pip.stderr.strip()}"
 
 
-def _libpython_check(work: Path) -> str | None:
-    # The Python backend's stub links libpythonX.Y.so.1.0; the rehearsal's stub runs on the distribution's python3.
-    version = _distribution_python_version()
-    if version is None:
-        return f"{DISTRIBUTION_PYTHON}: not found"
-    loaded = _run([DISTRIBUTION_PYTHON, "-c", f"import ctypes; ctypes.CDLL('libpython{version}.so.1.0')"], work)
-    return None if loaded.returncode == 0 else f"libpython{version}.so.1.0 does not load:\n{loaded.stderr.strip()}"
+def _libpython_check(python: str) -> Callable[[Path], str | None]:
+    # The Python backend's stub links libpythonX.Y.so.1.0 of the Python that runs the models (the venv's base
+    # Python for `make serve`, the distribution's python3 in the rehearsal), found in that Python's LIBDIR.
+    def check(work: Path) -> str | None:
+        loaded = _run([python, "-c", "import ctypes, os, sysconfig; name = sysconfig.get_config_var('INSTSONAME'); "
+                       "libdir = sysconfig.get_config_var('LIBDIR'); path = os.path.join(libdir, name); "
+                       "ctypes.CDLL(path if os.path.exists(path) else name)"], work)
+        return None if loaded.returncode == 0 else f"{python}'s libpython does not load:\n{loaded.stderr.strip()}"
+
+    return check
 
 
 def _ip_check(work: Path) -> str | None:
@@ -163,17 +167,26 @@ def _ip_check(work: Path) -> str | None:
     return None if shown.returncode == 0 else f"ip link show lo failed: {shown.stderr.strip()}"
 
 
+def serving_capabilities() -> list[Capability]:
+    """What `make serve` needs beyond the prerequisites: the Python backend's stub loads this Python's libpython."""
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    return [Capability(f"libpython{version} of {sys.executable} loads (the Python backend stub links it)",
+                       (f"libpython{version}",), _libpython_check(sys.executable))]
+
+
 def capabilities() -> list[Capability]:
+    """What `make test` needs beyond the prerequisites (serving's included)."""
     version = _distribution_python_version() or f"{sys.version_info.major}.{sys.version_info.minor}"
     return [
+        *serving_capabilities(),
         Capability("g++ builds the relay and its frame test with ASan/UBSan", ("g++",), _compiler_check("g++")),
         Capability("clang++ builds the relay and its frame test with ASan/UBSan (the rehearsal; the 26.07 image's "
                    "compiler)", ("clang", "libclang-rt-dev"), _compiler_check("clang++")),
         Capability("promtool runs the alert and recording rules' unit tests", ("prometheus",), _promtool_check),
         Capability(f"{DISTRIBUTION_PYTHON} makes the rehearsal's image venv", ("python3", "python3-venv"),
                    _venv_check),
-        Capability(f"libpython{version} loads (the rehearsal's Python backend stub links it)",
-                   (f"libpython{version}",), _libpython_check),
+        Capability(f"libpython{version} of {DISTRIBUTION_PYTHON} loads (the rehearsal's Python backend stub links "
+                   "it)", (f"libpython{version}",), _libpython_check(DISTRIBUTION_PYTHON)),
         Capability("ip brings up the rehearsal's loopback", ("iproute2",), _ip_check),
     ]
 
@@ -197,11 +210,11 @@ def apt_install(packages: list[str]) -> bool:
     return subprocess.run(command, env=env, stdout=subprocess.DEVNULL).returncode == 0
 
 
-def main() -> int:
-    checks = capabilities()
+def main(argv: list[str]) -> int:
+    checks = serving_capabilities() if argv == ["--serving"] else capabilities()
     failures = failing(checks)
     if not failures:
-        print(f"system packages: all {len(checks)} capabilities work")
+        print(f"system packages: every capability works ({len(checks)} checked)")
         return 0
     packages = list(dict.fromkeys(p for capability, _ in failures for p in capability.packages))
     for capability, problem in failures:
@@ -220,4 +233,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))
