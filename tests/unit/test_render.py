@@ -44,12 +44,14 @@ def _fake_checkpoint(path: Path) -> Path:
 
 
 def _fake_tokenizer(path: Path) -> Path:
-    """A three-token fast tokenizer: enough for every file a repository makes of one (the xgrammar tokenizer info
-    loads it), with an HF checkpoint's other files beside it."""
-    from tokenizers import Tokenizer, models
+    """A three-token fast byte-level tokenizer (as Llama 3's are; no other kind is served): enough for every file a
+    repository makes of one (the xgrammar tokenizer info loads it), with an HF checkpoint's other files beside it."""
+    from tokenizers import Tokenizer, decoders, models
 
     path.mkdir()
-    Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>")).save(str(path / "tokenizer.json"))
+    tokenizer = Tokenizer(models.WordLevel({"<unk>": 0, "a": 1, "</s>": 2}, unk_token="<unk>"))
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
         '{"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "</s>", "unk_token": "<unk>"}')
     (path / "generation_config.json").write_text("{}")
