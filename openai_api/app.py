@@ -41,12 +41,14 @@ from openai_api.generation import (
 )
 from openai_api.metrics import ApiMetrics
 from openai_api.models import ServedModels
-from openai_api.openapi import ERROR_RESPONSES, STREAM_CONTENT, declare_request_bodies, request_body
+from openai_api.openapi import ERROR_RESPONSES, complete_openapi, request_body, stream_content
 from openai_api.protocol import (
     ChatCompletion,
+    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatMessage,
     Completion,
+    CompletionChunk,
     CompletionRequest,
     Model,
     ModelList,
@@ -85,7 +87,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     # /openapi.json declares every route's request body and responses (openai_api/openapi.py); no docs UI.
     app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
-    declare_request_bodies(app, (settings.model_name, *settings.adapters))
+    complete_openapi(app, (settings.model_name, *settings.adapters))
 
     def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
         """Every error answer of this API: OpenAI's shape, counted in llama3_api_request_errors by status."""
@@ -125,8 +127,9 @@ def create_app(settings: Settings) -> FastAPI:
             raise ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
                            code="invalid_api_key")
 
-    @app.get("/health/ready", responses={200: {"description": "tritonserver and tensorrt_llm_bls are ready"},
-                                         503: {"description": "not ready"}})
+    @app.get("/health/ready", response_class=Response,
+             responses={200: {"description": "tritonserver and tensorrt_llm_bls are ready"},
+                        503: {"description": "not ready"}})
     async def ready():
         if await state["bls"].ready():
             return Response(status_code=200)
@@ -148,7 +151,8 @@ def create_app(settings: Settings) -> FastAPI:
         authorize(request)
         return served.card(model)
 
-    @app.post("/v1/chat/completions", response_model=ChatCompletion, responses={**ERROR_RESPONSES, **STREAM_CONTENT},
+    @app.post("/v1/chat/completions", response_model=ChatCompletion,
+              responses={**ERROR_RESPONSES, **stream_content(ChatCompletionChunk)},
               openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         authorize(request)
@@ -169,7 +173,8 @@ def create_app(settings: Settings) -> FastAPI:
                 _explain_default_limit(error)
             raise
 
-    @app.post("/v1/completions", response_model=Completion, responses={**ERROR_RESPONSES, **STREAM_CONTENT},
+    @app.post("/v1/completions", response_model=Completion,
+              responses={**ERROR_RESPONSES, **stream_content(CompletionChunk)},
               openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request):
         authorize(request)

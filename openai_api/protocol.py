@@ -343,3 +343,55 @@ class ErrorObject(_Response):
 
 class ErrorResponse(_Response):
     error: ErrorObject
+
+
+# Streamed (stream=true): each server-sent event's data is one of these chunks, an ErrorResponse (an error after the
+# stream started: its last event), or "[DONE]" (the last event of a stream that ended well).
+class ChunkFunction(_Response):
+    name: str | None = None  # in a call's first delta only
+    arguments: str
+
+
+class ChunkToolCall(_Response):
+    index: int
+    id: str | None = None  # id, type and name come once per call, first; then only pieces of its arguments
+    type: Literal["function"] | None = None
+    function: ChunkFunction
+
+
+class ChunkDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+    logprobs: ChatLogprobs | None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]  # [] in the usage chunk (stream_options.include_usage)
+    usage: Usage | None
+
+
+class CompletionChunkChoice(_Response):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: CompletionLogprobs | None
+
+
+class CompletionChunk(_Response):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None
