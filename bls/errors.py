@@ -42,6 +42,9 @@ UNAVAILABLE_MARKS = (
     "is not healthy",  # a Python backend stub that died: "Stub process '<instance>' is not healthy."
 )
 
+# Triton's words for a model it does not serve ("Request for unknown model: '<name>' is not found").
+NOT_FOUND_MARKS = ("unknown model", "is not found")
+
 
 class Unavailable(RuntimeError):
     """The model cannot take this request now: at capacity, unloading, or its engine failed. Becomes a Triton

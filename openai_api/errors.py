@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 from bls.contract import PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
-from bls.errors import asks_to_retry
+from bls.errors import NOT_FOUND_MARKS, asks_to_retry
 
-_NOT_FOUND_MARKS = ("unknown model", "is not found")
 # A Triton error that names one of these tensors is a request the client must fix (our models' InvalidRequest is
 # "<tensor>: <problem>", optionally after the model's name).
 _TENSOR_NAMES = frozenset(spec.name for contract in (TENSORRT_LLM_BLS, PREPROCESSING, TENSORRT_LLM)
@@ -55,7 +54,7 @@ def from_triton(message: str) -> ApiError:
     else -> 500 (its message is the server's, which never holds a traceback)."""
     if asks_to_retry(message):
         return ApiError(503, message, type="server_error", code="unavailable", retry_after=1)
-    if any(mark in message for mark in _NOT_FOUND_MARKS):
+    if any(mark in message for mark in NOT_FOUND_MARKS):
         return ApiError(404, message, code="model_not_found")
     tensor = _named_tensor(message)
     if tensor is not None:
