@@ -132,9 +132,41 @@ def refuse_deep_json(text: str, name: str, max_depth: int = MAX_JSON_DEPTH) -> N
 
 
 def decode_json(text: str, name: str, max_depth: int = MAX_JSON_DEPTH) -> Any:
-    """A JSON input's value; invalid JSON, or JSON nested deeper than max_depth, is an InvalidRequest naming it."""
+    """A JSON input's value; invalid JSON, JSON nested deeper than max_depth, or a lone surrogate escape in it, is an
+    InvalidRequest naming it."""
     refuse_deep_json(text, name, max_depth)
     try:
-        return json.loads(text)
+        value = json.loads(text)
     except json.JSONDecodeError as error:
         raise InvalidRequest(name, f"is not valid JSON ({error})") from None
+    where = lone_surrogate_at(value)
+    if where is not None:
+        raise InvalidRequest(name, f"{LONE_SURROGATE} at {where}" if where else LONE_SURROGATE)
+    return value
+
+
+# JSON's \uXXXX escapes may spell half of a UTF-16 surrogate pair alone ("\ud800"): json.loads gives a str holding
+# that code point, which is no character and which UTF-8 cannot encode (str.encode raises). Every decoded string is
+# checked before it is used; a pair (a character beyond the BMP) decodes to one code point and passes.
+LONE_SURROGATE = "holds a lone UTF-16 surrogate escape (half of a surrogate pair is not a character)"
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def lone_surrogate_at(value: Any, where: str = "") -> str | None:
+    """Where decoded JSON holds a string (a value or an object's key) with a lone surrogate, as `.key` and `[index]`
+    steps from `value` ("" for value itself); None when it holds none."""
+    if isinstance(value, str):
+        return where if _SURROGATE.search(value) else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if _SURROGATE.search(key):
+                return f"{where}.{key.encode('utf-8', 'backslashreplace').decode()}"
+            found = lone_surrogate_at(item, f"{where}.{key}")
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            found = lone_surrogate_at(item, f"{where}[{index}]")
+            if found is not None:
+                return found
+    return None

@@ -28,9 +28,36 @@ class InvalidRequest(ValueError):
         self.problem = problem
 
 
+# A client that gets no error code tells "retry later" from other errors by these words, defined here only. Triton
+# 2.51's gRPC streams carry a message and no code (its `triton_grpc_error` header would add the gRPC status, but on
+# 2.51 it logs "HandleCancellation called even when the context was not cancelled" for every error and crashed
+# tritonserver with SIGSEGV once in ~500 errors here: docs/openai.md, "Errors"), and its HTTP `generate` answers
+# 400 for a decoupled Python model's UNAVAILABLE (server issue #7804; docs/operations.md).
+RETRY_LATER = "retry later"  # ends the message of every Unavailable of our models
+UNAVAILABLE_MARKS = (
+    RETRY_LATER,
+    "Exceeds maximum queue size",  # Triton core's queue policy, UNAVAILABLE (core src/scheduler_utils.cc)
+    "please try again later",  # TensorRT-LLM's executor queue (cpp/tensorrt_llm/executor/executorImpl.cpp:
+    #                            "Maximum queue size of %d has been reached, please try again later")
+    "is not healthy",  # a Python backend stub that died: "Stub process '<instance>' is not healthy."
+)
+
+# Triton's words for a model it does not serve ("Request for unknown model: '<name>' is not found").
+NOT_FOUND_MARKS = ("unknown model", "is not found")
+
+
 class Unavailable(RuntimeError):
     """The model cannot take this request now: at capacity, unloading, or its engine failed. Becomes a Triton
-    UNAVAILABLE error (HTTP 503): the client may retry, here or on another replica."""
+    UNAVAILABLE error (HTTP 503): the client may retry, here or on another replica. The message is the reason
+    followed by RETRY_LATER."""
+
+    def __init__(self, reason: str):
+        super().__init__(f"{reason}; {RETRY_LATER}")
+
+
+def asks_to_retry(message: str) -> bool:
+    """Whether an error's message is a refusal to be retried later (UNAVAILABLE_MARKS)."""
+    return any(mark in message for mark in UNAVAILABLE_MARKS)
 
 
 class GenerationCancelled(Exception):

@@ -35,7 +35,7 @@ class RequestPool:
             elif len(self._in_flight) >= self._workers + self._queued:
                 refusal = Unavailable(
                     f"at capacity: {len(self._in_flight)} requests in flight ({self._workers} running, "
-                    f"{self._queued} queued at most); retry later")
+                    f"{self._queued} queued at most)")
             else:
                 future = self._executor.submit(work)
                 self._in_flight[future] = fail

@@ -246,7 +246,7 @@ class Engine:
             if len(self._waiting) + len(sequences) - max(0, free_slots) > self._max_queued:
                 raise EngineAtCapacity(
                     f"at capacity: {len(self._active)} sequences running and {len(self._waiting)} waiting "
-                    f"(max_active_requests {self._max_active}, max_queued_requests {self._max_queued}); retry later")
+                    f"(max_active_requests {self._max_active}, max_queued_requests {self._max_queued})")
             self._waiting.extend(sequences)
             self._cond.notify()
 

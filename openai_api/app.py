@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from bls.batch import MAX_JSON_DEPTH, refuse_deep_json
+from bls.batch import LONE_SURROGATE, MAX_JSON_DEPTH, lone_surrogate_at, refuse_deep_json
 from bls.errors import InvalidRequest
 from bls.text.chat import validate_chat
 from openai_api.errors import ApiError, invalid, unsupported
@@ -41,7 +41,20 @@ from openai_api.generation import (
 )
 from openai_api.metrics import ApiMetrics
 from openai_api.models import ServedModels
-from openai_api.protocol import ChatCompletionRequest, CompletionRequest, NamedToolChoice, field_of
+from openai_api.openapi import ERROR_RESPONSES, complete_openapi, request_body, stream_content
+from openai_api.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatMessage,
+    Completion,
+    CompletionChunk,
+    CompletionRequest,
+    Model,
+    ModelList,
+    NamedToolChoice,
+    field_of,
+)
 from openai_api.tools import call_id, forced_call_schema
 from openai_api.triton import TritonBls, text
 
@@ -72,21 +85,37 @@ def create_app(settings: Settings) -> FastAPI:
         yield
         await state["bls"].close()
 
-    app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
-    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes)
+    # /openapi.json declares every route's request body and responses (openai_api/openapi.py); no docs UI.
+    app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
+    complete_openapi(app, (settings.model_name, *settings.adapters))
+
+    def error_response(error: ApiError, headers: dict[str, str] | None = None) -> JSONResponse:
+        """Every error answer of this API: OpenAI's shape, counted in llama3_api_request_errors by status."""
+        metrics.errors.labels(settings.model_name, str(error.status)).inc()
+        if error.retry_after:
+            headers = {**(headers or {}), "Retry-After": str(error.retry_after)}
+        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+    app.add_middleware(_BodyLimit, max_bytes=settings.max_body_bytes, respond=error_response)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, error: ApiError):
-        metrics.errors.labels(settings.model_name, str(error.status)).inc()
-        headers = {"Retry-After": str(error.retry_after)} if error.retry_after else None
-        return JSONResponse(error.body(), status_code=error.status, headers=headers)
+        return error_response(error)
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):
+        # A route that does not exist (404) or a method it does not take (405, whose Allow header, RFC 9110, lists
+        # the methods it does take).
         kind = "not_found" if error.status_code == 404 else "invalid_request_error"
-        body = ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}", type=kind).body()
-        return JSONResponse(body, status_code=error.status_code)
+        return error_response(ApiError(error.status_code, f"{request.method} {request.url.path}: {error.detail}",
+                                       type=kind), headers=error.headers)
+
+    @app.exception_handler(Exception)
+    async def unexpected(request: Request, error: Exception):
+        # Starlette calls this (outermost, before any response started) for an exception no route handled, then
+        # re-raises it, so the server's log has its traceback; the client gets OpenAI's shape, never the traceback.
+        return error_response(ApiError(500, f"internal error ({type(error).__name__}); see the API's log",
+                                       type="server_error", code="internal_error"))
 
     def authorize(request: Request) -> None:
         if not settings.api_keys:
@@ -98,27 +127,33 @@ def create_app(settings: Settings) -> FastAPI:
             raise ApiError(401, "a valid API key is required (Authorization: Bearer <key>)",
                            code="invalid_api_key")
 
-    @app.get("/health/ready")
+    @app.get("/health/ready", response_class=Response,
+             responses={200: {"description": "tritonserver and tensorrt_llm_bls are ready"},
+                        503: {"description": "not ready"}})
     async def ready():
         if await state["bls"].ready():
             return Response(status_code=200)
         return Response(status_code=503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response,
+             responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
+                              "description": "Prometheus text"}})
     async def prometheus():
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models(request: Request):
         authorize(request)
         return {"object": "list", "data": served.cards()}
 
-    @app.get("/v1/models/{model:path}")
+    @app.get("/v1/models/{model:path}", response_model=Model, responses=ERROR_RESPONSES)
     async def model(request: Request, model: str):
         authorize(request)
         return served.card(model)
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", response_model=ChatCompletion,
+              responses={**ERROR_RESPONSES, **stream_content(ChatCompletionChunk)},
+              openapi_extra=request_body(ChatCompletionRequest))
     async def chat_completions(request: Request):
         authorize(request)
         body = await _parse(request, ChatCompletionRequest)
@@ -138,7 +173,9 @@ def create_app(settings: Settings) -> FastAPI:
                 _explain_default_limit(error)
             raise
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", response_model=Completion,
+              responses={**ERROR_RESPONSES, **stream_content(CompletionChunk)},
+              openapi_extra=request_body(CompletionRequest))
     async def completions(request: Request):
         authorize(request)
         body = await _parse(request, CompletionRequest)
@@ -191,7 +228,11 @@ def create_app(settings: Settings) -> FastAPI:
                         yield _sse(shapes.usage_chunk())
                     yield "data: [DONE]\n\n"
                     finished = True
-            except ApiError as error:  # after the response started: the stream's last event is the error
+            except Exception as error:  # after the response started: the stream's last event is the error
+                if not isinstance(error, ApiError):
+                    log.exception("%s: unexpected error in a stream", request.url.path)
+                    error = ApiError(500, f"internal error ({type(error).__name__}); see the API's log",
+                                     type="server_error", code="internal_error")
                 metrics.errors.labels(settings.model_name, str(error.status)).inc()
                 yield _sse(error.body())
                 finished = True
@@ -232,7 +273,8 @@ def create_app(settings: Settings) -> FastAPI:
 # ---- requests -------------------------------------------------------------------------------------------------------
 async def _parse(request: Request, model: type[BaseModel]):
     """The body as `model`: JSON nested at most MAX_JSON_DEPTH levels (as the Triton side), no NaN or infinities,
-    every field known (a field this server does not take is a 400 naming it)."""
+    no lone surrogate escape in any string (it is no text: a 400 naming the field), every field known (a field this
+    server does not take is a 400 naming it) and of its JSON type."""
     raw = await request.body()
     try:
         payload = raw.decode("utf-8")
@@ -244,11 +286,14 @@ async def _parse(request: Request, model: type[BaseModel]):
         raise invalid(None, f"the body is not valid JSON ({error})") from None
     if not isinstance(data, dict):
         raise invalid(None, "the body must be a JSON object")
+    where = lone_surrogate_at(data)
+    if where is not None:
+        raise invalid(where.lstrip("."), LONE_SURROGATE)
     try:
         return model.model_validate(data)
     except ValidationError as error:
         first = error.errors()[0]
-        param = field_of(first["loc"])
+        param = field_of(first["loc"], data)
         if first["type"] == "extra_forbidden":
             raise unsupported(param) from None
         raise invalid(param, first["msg"]) from None
@@ -273,15 +318,16 @@ def _chat_prompt(body: ChatCompletionRequest) -> tuple[dict, ToolMode | None]:
     output is read for tool calls."""
     messages = [_message(index, message) for index, message in enumerate(body.messages)]
     _check_tool_results(messages)
-    chat: Any = {"messages": messages, "tools": body.tools} if body.tools else messages
+    tool_list = _tools(body)
+    chat: Any = {"messages": messages, "tools": tool_list} if tool_list else messages
     try:
         validate_chat(json.loads(json.dumps(chat)), "messages")  # the preprocessing's own checks, answered here
     except InvalidRequest as error:
-        raise invalid("messages" if "tool" not in error.problem or not body.tools else "tools", error.problem) \
-            from None
+        # validate_chat's problems name a "message N" or a "tool N" (bls.text.chat).
+        raise invalid("tools" if error.problem.startswith("tool") else "messages", error.problem) from None
     tools = None
-    if body.tools and body.tool_choice != "none":
-        names = frozenset(tool["function"]["name"] for tool in body.tools)
+    if tool_list and body.tool_choice != "none":
+        names = frozenset(tool["function"]["name"] for tool in tool_list)
         if isinstance(body.tool_choice, NamedToolChoice) and body.tool_choice.function.name not in names:
             raise invalid("tool_choice", f"names {body.tool_choice.function.name!r}, which is not in tools")
         forced = body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)
@@ -289,13 +335,19 @@ def _chat_prompt(body: ChatCompletionRequest) -> tuple[dict, ToolMode | None]:
     return {"messages": text(json.dumps(chat, ensure_ascii=False))}, tools
 
 
-def _message(index: int, message: dict) -> dict:
+def _tools(body: ChatCompletionRequest) -> list[dict] | None:
+    """The request's tools as our `messages` input takes them (the fields the client set)."""
+    if not body.tools:
+        return None
+    return [{"type": tool.type, "function": {key: value for key, value in tool.function.model_dump().items()
+                                             if value is not None}} for tool in body.tools]
+
+
+def _message(index: int, message: ChatMessage) -> dict:
     """An OpenAI message as our `messages` takes it: text parts joined, "developer" (OpenAI's newer name for the
     system role) as "system"; what Llama 3 cannot take is refused naming it."""
-    message = dict(message)
+    message = message.model_dump(exclude_none=True)
     where = f"messages[{index}]"
-    if "name" in message:
-        raise unsupported(f"{where}.name", "is not supported: Llama 3's template has no participant names")
     if message.get("role") == "developer":
         message["role"] = "system"
     content = message.get("content")
@@ -329,7 +381,7 @@ def _check_tool_results(messages: list[dict]) -> None:
 def _chat_guide(body: ChatCompletionRequest) -> tuple[str, str | None] | None:
     if body.tools and (body.tool_choice == "required" or isinstance(body.tool_choice, NamedToolChoice)):
         name = body.tool_choice.function.name if isinstance(body.tool_choice, NamedToolChoice) else None
-        return "json_schema", json.dumps(forced_call_schema(body.tools, name))
+        return "json_schema", json.dumps(forced_call_schema(_tools(body), name))
     if body.response_format is None or body.response_format.type == "text":
         return None
     if body.response_format.type == "json_object":
@@ -515,11 +567,12 @@ def _completion_logprobs(entries: list[tuple[str, float]]) -> dict:
 
 class _BodyLimit:
     """Refuses a request body over max_bytes with 413 (by its Content-Length, and while it is read: chunked bodies
-    declare none), before any of it is parsed."""
+    declare none), before any of it is parsed. `respond` makes the error's response (and counts it)."""
 
-    def __init__(self, app: Callable, max_bytes: int):
+    def __init__(self, app: Callable, max_bytes: int, respond: Callable[[ApiError], Response]):
         self.app = app
         self.max_bytes = max_bytes
+        self.respond = respond
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -527,7 +580,7 @@ class _BodyLimit:
         declared = dict(scope.get("headers") or []).get(b"content-length")
         too_large = ApiError(413, f"the request body exceeds {self.max_bytes} bytes", code="request_too_large")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            return await JSONResponse(too_large.body(), status_code=413)(scope, receive, send)
+            return await self.respond(too_large)(scope, receive, send)
         received = 0
 
         async def limited_receive():
@@ -544,4 +597,4 @@ class _BodyLimit:
         except ApiError as error:
             if error is not too_large:
                 raise
-            await JSONResponse(too_large.body(), status_code=413)(scope, receive, send)
+            await self.respond(too_large)(scope, receive, send)

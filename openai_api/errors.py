@@ -3,12 +3,8 @@
 from __future__ import annotations
 
 from bls.contract import PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
+from bls.errors import NOT_FOUND_MARKS, asks_to_retry
 
-# What tritonserver says when it cannot take a request now (Triton's own queue, the BLS's pool, the engines, a model
-# loading or unloading): the client may retry, so 503 with Retry-After.
-_UNAVAILABLE_MARKS = ("at capacity", "Exceeds maximum queue size", "unloading", "unloaded", "is not ready",
-                      "is not healthy", "UNAVAILABLE")
-_NOT_FOUND_MARKS = ("unknown model", "is not found")
 # A Triton error that names one of these tensors is a request the client must fix (our models' InvalidRequest is
 # "<tensor>: <problem>", optionally after the model's name).
 _TENSOR_NAMES = frozenset(spec.name for contract in (TENSORRT_LLM_BLS, PREPROCESSING, TENSORRT_LLM)
@@ -53,11 +49,12 @@ def unsupported(param: str, why: str = "is not supported by this server") -> Api
 
 def from_triton(message: str) -> ApiError:
     """An error tritonserver answered a request with. gRPC streams carry the message, not Triton's code, so the class
-    comes from the message: capacity and unloading -> 503 (retry), unknown model -> 404, a message naming an input
-    tensor -> 400, anything else -> 500 (its message is the server's, which never holds a traceback)."""
-    if any(mark in message for mark in _UNAVAILABLE_MARKS):
+    comes from the message: a refusal to be retried (bls.errors.asks_to_retry: capacity, queue limits, unloading)
+    -> 503 with Retry-After, never a 400; unknown model -> 404; a message naming an input tensor -> 400; anything
+    else -> 500 (its message is the server's, which never holds a traceback)."""
+    if asks_to_retry(message):
         return ApiError(503, message, type="server_error", code="unavailable", retry_after=1)
-    if any(mark in message for mark in _NOT_FOUND_MARKS):
+    if any(mark in message for mark in NOT_FOUND_MARKS):
         return ApiError(404, message, code="model_not_found")
     tensor = _named_tensor(message)
     if tensor is not None:

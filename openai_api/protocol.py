@@ -1,24 +1,91 @@
-"""The requests this server takes, as pydantic models of OpenAI's request bodies (openai-python's
-`chat/completion_create_params.py`, `completion_create_params.py`).
+"""The wire shapes of the API, as pydantic models: the requests this server takes (OpenAI's request bodies,
+openai-python's `chat/completion_create_params.py`, `completion_create_params.py`) and the responses it sends
+(`ChatCompletion`, `Completion`, `Model`, the error object), which /openapi.json declares.
 
 Every field OpenAI defines that this server cannot honour is either absent from these models or refused by name in
 `check_supported`: a body with a field not declared here is a 400 naming it (extra="forbid"), never silently
-ignored.
+ignored. Every field is taken as its JSON type only (strict): `"stream": "yes"`, `"n": "2"`, `"temperature": "0.5"`,
+`"parallel_tool_calls": 0`, `"top_p": true` are 400s, as OpenAI answers them, never coerced. An integer is a
+number (`"temperature": 1`), as in JSON Schema and OpenAI's API.
 """
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+import jsonschema
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from bls.batch import decode_json
+from bls.errors import InvalidRequest
 from openai_api.errors import invalid, unsupported
 
 _MAX_STOP_STRINGS = 4  # OpenAI's limit ("Up to 4 sequences")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+# ---- messages and tools ---------------------------------------------------------------------------------------------
+class FunctionCall(_Strict):
+    name: str
+    arguments: str = Field(description="the call's arguments: the JSON text of an object")
+
+    @field_validator("arguments")
+    @classmethod
+    def _json_object(cls, arguments: str) -> str:
+        try:
+            value = decode_json(arguments, "arguments")  # nesting and lone surrogates measured as every JSON input
+        except InvalidRequest as error:
+            raise ValueError(error.problem) from None
+        if not isinstance(value, dict):
+            raise ValueError("must be the JSON text of an object")
+        return arguments
+
+
+class ToolCall(_Strict):
+    id: str
+    type: Literal["function"]
+    function: FunctionCall
+
+
+class ChatMessage(_Strict):
+    """A message as OpenAI's clients send it. What Llama 3's template cannot take (parts other than text, a tool
+    call beside text, a role's misplaced fields) is refused by the chat's own checks (bls.text.chat.validate_chat)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "ipython"]
+    content: str | list[dict[str, Any]] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Strict):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(default=None, description="a JSON schema of the arguments' object")
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _json_schema(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        # Checked whatever tool_choice is: under "auto" the schema only reaches the prompt, and a model asked to
+        # follow a schema that is none would be served silently. The dialect is the schema's own "$schema", else
+        # 2020-12 (OpenAI's and xgrammar's).
+        if parameters is not None:
+            validator = jsonschema.validators.validator_for(parameters, default=jsonschema.Draft202012Validator)
+            try:
+                validator.check_schema(parameters)
+            except jsonschema.SchemaError as error:
+                where = "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in error.absolute_path)
+                raise ValueError(f"is not a valid JSON schema: {error.message}"
+                                 f"{f' (at parameters{where})' if where else ''}") from None
+        return parameters
+
+
+class Tool(_Strict):
+    type: Literal["function"]
+    function: FunctionDefinition
 
 
 class StreamOptions(_Strict):
@@ -84,11 +151,11 @@ class _Sampling(_Strict):
 
 
 class ChatCompletionRequest(_Sampling):
-    messages: list[dict[str, Any]] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = Field(default=None, min_length=1)  # [] is a 400, as OpenAI and vLLM answer it
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     response_format: ResponseFormat | None = None
@@ -148,12 +215,183 @@ class CompletionRequest(_Sampling):
                                       "not return")
 
 
-def field_of(location: tuple) -> str:
-    """A pydantic error location as OpenAI's `param` ("messages[0].content")."""
+def field_of(location: tuple, body: Any) -> str:
+    """A pydantic error's location as OpenAI's `param` ("messages[0].content"): its steps while they lead into the
+    body, and a missing field's name last; pydantic's own steps (a union member's or a validator's name) are not the
+    body's and end it."""
     parts: list[str] = []
-    for item in location:
-        if isinstance(item, int):
-            parts.append(f"[{item}]")
-        elif item not in ("function-after", "union", "literal") and "[" not in str(item):
-            parts.append(("." if parts else "") + str(item))
+    value = body
+    for position, step in enumerate(location):
+        if isinstance(step, int) and isinstance(value, list) and 0 <= step < len(value):
+            parts.append(f"[{step}]")
+            value = value[step]
+        elif isinstance(step, str) and isinstance(value, dict) and (step in value or position == len(location) - 1):
+            parts.append(("." if parts else "") + step)
+            value = value.get(step)
+        else:
+            break
     return "".join(parts) or "body"
+
+
+# ---- responses ------------------------------------------------------------------------------------------------------
+# What the routes send, declared in /openapi.json (openai-python's `ChatCompletion`, `Completion`, `Model` types, as
+# far as this server fills them). The app writes the JSON itself (openai_api/app.py's _Shapes): these models are
+# never instantiated per request, and the schema fuzz (tests/integration/test_openai_schema_fuzz.py) holds every
+# response to them.
+class _Response(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Usage(_Response):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ResponseFunctionCall(_Response):
+    name: str
+    arguments: str
+
+
+class ResponseToolCall(_Response):
+    id: str
+    type: Literal["function"]
+    function: ResponseFunctionCall
+
+
+class AssistantMessage(_Response):
+    role: Literal["assistant"]
+    content: str | None
+    tool_calls: list[ResponseToolCall] | None = None  # present when the choice is tool calls
+
+
+class TopLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprob(_Response):
+    token: str
+    logprob: float
+    bytes: list[int]
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(_Response):
+    content: list[TokenLogprob]
+
+
+class ChatChoice(_Response):
+    index: int
+    message: AssistantMessage
+    finish_reason: Literal["stop", "length", "tool_calls"]
+    logprobs: ChatLogprobs | None
+
+
+class ChatCompletion(_Response):
+    id: str
+    object: Literal["chat.completion"]
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class CompletionLogprobs(_Response):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: None
+    text_offset: list[int]
+
+
+class CompletionChoice(_Response):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"]
+    logprobs: CompletionLogprobs | None
+
+
+class Completion(_Response):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage
+
+
+class Model(_Response):
+    id: str
+    object: Literal["model"]
+    created: int
+    owned_by: str
+    parent: str | None  # the base model's id for a LoRA adapter (vLLM's convention), null for the base
+
+
+class ModelList(_Response):
+    object: Literal["list"]
+    data: list[Model]
+
+
+class ErrorObject(_Response):
+    message: str
+    type: str
+    param: str | None
+    code: str | None
+
+
+class ErrorResponse(_Response):
+    error: ErrorObject
+
+
+# Streamed (stream=true): each server-sent event's data is one of these chunks, an ErrorResponse (an error after the
+# stream started: its last event), or "[DONE]" (the last event of a stream that ended well).
+class ChunkFunction(_Response):
+    name: str | None = None  # in a call's first delta only
+    arguments: str
+
+
+class ChunkToolCall(_Response):
+    index: int
+    id: str | None = None  # id, type and name come once per call, first; then only pieces of its arguments
+    type: Literal["function"] | None = None
+    function: ChunkFunction
+
+
+class ChunkDelta(_Response):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ChunkToolCall] | None = None
+
+
+class ChatChunkChoice(_Response):
+    index: int
+    delta: ChunkDelta
+    finish_reason: Literal["stop", "length", "tool_calls"] | None
+    logprobs: ChatLogprobs | None
+
+
+class ChatCompletionChunk(_Response):
+    id: str
+    object: Literal["chat.completion.chunk"]
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]  # [] in the usage chunk (stream_options.include_usage)
+    usage: Usage | None
+
+
+class CompletionChunkChoice(_Response):
+    index: int
+    text: str
+    finish_reason: Literal["stop", "length"] | None
+    logprobs: CompletionLogprobs | None
+
+
+class CompletionChunk(_Response):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    choices: list[CompletionChunkChoice]
+    usage: Usage | None

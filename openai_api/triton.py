@@ -11,6 +11,7 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
@@ -87,8 +88,8 @@ class TritonBls:
                     return
             raise ApiError(502, f"tritonserver ended the stream of request {request_id} without a final response",
                            type="server_error", code="bad_gateway")
-        except InferenceServerException as error:  # the channel failed mid-stream
-            raise ApiError(503, f"tritonserver at {self.url}: {error.message()}", type="server_error",
+        except grpc.aio.AioRpcError as error:  # the channel failed mid-stream (tritonclient's aio iterator raises it)
+            raise ApiError(503, f"tritonserver at {self.url}: {error.details()}", type="server_error",
                            code="unavailable", retry_after=1) from None
         finally:
             # Cancelling a call that has ended is a no-op; one that has not (the client left, a stop string was met)

@@ -10,6 +10,7 @@ a GPU.
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -17,7 +18,7 @@ import pytest
 
 from bls.contract import TEXT_TO_ENGINE, TEXT_TO_PREPROCESSING
 from testkit.grpc import grpc_stream
-from testkit.http import HttpError, generate
+from testkit.http import HttpError, generate, generate_stream
 
 MODELS = ("tensorrt_llm_bls", "ensemble")
 PROMPT = {"text_input": "hi", "max_tokens": 2}
@@ -154,6 +155,40 @@ def test_a_wrong_dtype_over_grpc_is_refused_by_triton_naming_the_input(endpoint,
     result = grpc_stream(endpoint.grpc, model, inputs, ["text_output"], timeout=60)
     assert result.error is not None and "'max_tokens' data-type is 'FP32'" in result.error, result.error
     assert "expects 'INT32'" in result.error
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_lone_surrogate_escape_in_messages_is_refused_by_name(endpoint, model):
+    """`messages` is JSON text inside a string input: a "\\ud800" escape in it decodes to no character (UTF-8 cannot
+    encode it). Refused naming the input and where (bls.batch.decode_json), over generate, generate_stream and gRPC;
+    before: `internal error (UnicodeEncodeError ...)`."""
+    body = {"messages": json.dumps([{"role": "user", "content": "a\ud800"}]), "max_tokens": 2}
+    assert "\\ud800" in body["messages"]
+    messages = refusals(endpoint, model, body)
+    with pytest.raises(HttpError) as streamed:
+        generate_stream(endpoint.http, model, body, timeout=60)
+    assert_names([*messages, streamed.value.message], "MESSAGES", "lone UTF-16 surrogate escape")
+    assert all("surrogate escape (half of a surrogate pair is not a character) at [0].content" in message
+               for message in [*messages, streamed.value.message]), messages
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("field", ["text_input", "stop_words"])
+def test_a_lone_surrogate_escape_in_the_http_json_is_refused_by_tritons_frontend(endpoint, model, field):
+    """The same escape in the HTTP body's own JSON never reaches a model: Triton's frontend (rapidjson) refuses the
+    body with HTTP 500 and its parser's words, not naming the field (docs/operations.md, "Bad input"). Over gRPC the
+    text's bytes are no UTF-8, and our models refuse them naming the input."""
+    body = {**PROMPT, field: "a\ud800" if field == "text_input" else ["a\ud800"]}
+    for call in (generate, generate_stream):
+        with pytest.raises(HttpError) as error:
+            call(endpoint.http, model, body, timeout=60)
+        assert error.value.status == 500, error.value
+        assert error.value.message.startswith("failed to parse the request JSON buffer: The surrogate pair in string "
+                                              "is invalid."), error.value
+    surrogate_bytes = np.array([["a\ud800".encode("utf-8", "surrogatepass")]], dtype=object)
+    result = grpc_stream(endpoint.grpc, model, {**tensors(PROMPT), "text_input": surrogate_bytes}, ["text_output"],
+                         timeout=60)
+    assert result.error is not None and "QUERY: is not valid UTF-8" in result.error, result.error
 
 
 @pytest.mark.parametrize("model", MODELS)

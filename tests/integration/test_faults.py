@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -26,6 +27,7 @@ from serving.tritonserver import TritonServer, server_command, server_environmen
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
 from testkit.metrics import metric_values
+from testkit.openai_api import openai_api
 from testkit.processes import stub_process
 
 BLS = "tensorrt_llm_bls"
@@ -323,6 +325,29 @@ def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):
         assert not any(stream.join(0) for stream in streams)  # refused while the admitted ones still run
         for stream in streams:
             assert stream.join(60) and stream.result["num_output_tokens"] == 40
+
+
+def test_overload_reaches_openai_clients_as_503_with_retry_after(small_engine_repo, tmp_path):
+    """The engine's queue limit, through the OpenAI API: 503 with Retry-After in OpenAI's error shape, streamed or
+    not (a stream refused before its first event gets the status; after it, the error is its last event: the unit
+    tests), never a 400; the admitted requests are served."""
+    body = {"text_input": "tell me", "max_tokens": 40, "end_id": -1}
+    chat = {"model": "llama3-test", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+    with TritonServer(small_engine_repo, log_path=tmp_path / "tritonserver.log") as server, \
+            openai_api(server.grpc_url, tmp_path / "api.log", "--model-name", "llama3-test") as api:
+        streams = [BackgroundStream(lambda: generate(server.http_url, BLS, body, timeout=60)) for _ in range(2)]
+        wait_engine_sequences(server, 2)  # one generating, one waiting: full
+        for stream in (False, True):
+            refused = httpx.post(f"{api.v1}/chat/completions", json={**chat, "stream": stream}, timeout=60)
+            assert refused.status_code == 503, refused.text
+            assert refused.headers["Retry-After"] == "1" and refused.headers["content-type"] == "application/json"
+            error = refused.json()["error"]
+            assert (error["type"], error["code"]) == ("server_error", "unavailable"), error
+            assert "at capacity" in error["message"] and error["message"].endswith("retry later"), error
+        for stream in streams:
+            assert stream.join(60) and stream.result["num_output_tokens"] == 40
+        assert 'llama3_api_request_errors_total{model="llama3-test",status="503"} 2.0' in \
+            httpx.get(f"{api.url}/metrics").text
 
 
 def test_unloading_lets_running_requests_finish_then_refuses(small_engine_repo, tmp_path):

@@ -16,6 +16,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from testkit.http import generate
 from testkit.metrics import metric_value, scrape, wait_for_value
@@ -277,9 +278,9 @@ def test_completions_of_several_prompts_and_choices(client):
       "tools": TOOLS}, 400, "messages[1].tool_call_id"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function", "function": {"name": "f",
                                                                                                "returns": 1}}]},
-     400, "tools"),
+     400, "tools[0].function.returns"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}],
-      "tool_choice": "required"}, 400, "tools"),
+      "tool_choice": "required"}, 400, "tools[0].function.parameters"),
 ])
 def test_errors_name_the_field(client, kwargs, status, param):
     with pytest.raises(openai.APIStatusError) as caught:
@@ -290,6 +291,38 @@ def test_errors_name_the_field(client, kwargs, status, param):
     if param:
         assert body["param"] == param, body
     assert chat(client, max_tokens=2).choices[0].finish_reason == "length"  # the server serves on
+
+
+@pytest.mark.parametrize("raw, param", [
+    ('{"model": "llama3-test", "max_tokens": 2, "messages": [{"role": "user", "content": "a\\ud800"}]}',
+     "messages[0].content"),
+    ('{"model": "llama3-test", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stop": "\\udfff"}',
+     "stop"),
+    ('{"model": "llama3-test", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "stream": "yes"}',
+     "stream"),
+    ('{"model": "llama3-test", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tools": []}', "tools"),
+    ('{"model": "llama3-test", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}], "tool_choice": "auto",'
+     ' "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "strin"}}}]}',
+     "tools[0].function.parameters"),
+    ('{"model": "llama3-test", "max_tokens": 2, "tools": [{"type": "function", "function": {"name": "f"}}], '
+     '"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"id": "c", "type": '
+     '"function", "function": {"name": "f", "arguments": "{\\"a\\": "}}]}, {"role": "tool", "tool_call_id": "c", '
+     '"content": "1"}]}', "messages[1].tool_calls[0].function.arguments"),
+], ids=["surrogate-content", "surrogate-stop", "stream-yes", "tools-empty", "tool-schema-auto", "history-arguments"])
+def test_what_openai_refuses_is_a_counted_400_naming_the_field(api, raw, param):
+    """Bodies as a client that is not openai-python may send them (issue 47), to the served API: OpenAI's error
+    shape naming the field, counted in llama3_api_request_errors."""
+    def refused() -> float:  # the API's count of 400s
+        return sum(sample.value for family in text_string_to_metric_families(scrape(f"{api[:-3]}/metrics"))
+                   for sample in family.samples
+                   if sample.name == "llama3_api_request_errors_total" and sample.labels["status"] == "400")
+
+    before = refused()
+    response = httpx.post(f"{api}/chat/completions", content=raw, headers={"Content-Type": "application/json"},
+                          timeout=60)
+    assert response.status_code == 400 and response.headers["content-type"] == "application/json", response.text
+    assert response.json()["error"]["param"] == param, response.text
+    assert refused() == before + 1
 
 
 def test_a_refused_default_limit_says_so(endpoint, repo_dir, tmp_path):

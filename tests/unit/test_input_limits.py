@@ -125,3 +125,15 @@ def test_a_deep_json_schema_guide_is_refused_before_it_is_compiled():
     # A schema within the limit passes the BLS (the engine compiles it).
     text["guided_decoding_guide"] = np.array([[deep_schema(20).encode()]], dtype=object)
     assert TextRequest.from_inputs(text, CONFIG, "r").engine_inputs["guided_decoding_guide"].size == 1
+
+
+@pytest.mark.parametrize("text, where", [
+    ('[{"role": "user", "content": "a\\ud800"}]', "[0].content"),
+    ('{"messages": [], "tools": [{"function": {"description": "\\udfff"}}]}', ".tools[0].function.description"),
+    ('"\\ud800"', ""),
+])
+def test_a_lone_surrogate_escape_in_json_is_refused_by_name(text, where):
+    """Valid JSON, but no character: refused naming the input and where, never a UnicodeEncodeError later."""
+    error = refused(lambda: decode_json(text, "MESSAGES"), "MESSAGES", "lone UTF-16 surrogate escape")
+    assert error.problem.endswith(f" at {where}" if where else "not a character)"), error
+    assert decode_json('["\\ud83d\\ude00"]', "MESSAGES") == ["\U0001f600"]  # a pair is one character

@@ -8,12 +8,19 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 
+import jsonschema
 import pytest
 from fastapi.testclient import TestClient
 
+import openai_api.app
+from bls.errors import Unavailable
+from bls.request_pool import RequestPool
 from openai_api.app import Settings, create_app
+from openai_api.errors import from_triton
 from openai_api.stops import StopStrings
+from openai_api.triton import BlsResponse
 
 MODEL = "llama3-test"
 CHAT = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
@@ -167,8 +174,10 @@ def test_health_says_not_ready_without_tritonserver(client):
 
 
 @pytest.mark.parametrize("message, status, param", [
-    ("tensorrt_llm_bls: at capacity: 256 requests in flight", 503, None),
-    ("[StatusCode.UNAVAILABLE] Exceeds maximum queue size", 503, None),
+    ("tensorrt_llm_bls: at capacity: 256 requests in flight (255 running, 1 queued at most); retry later", 503, None),
+    ("Exceeds maximum queue size", 503, None),
+    ("tensorrt_llm: [TensorRT-LLM][ERROR] Maximum queue size of 8 has been reached, please try again later", 503,
+     None),
     ("Request for unknown model: 'tensorrt_llm_bls' is not found", 404, None),
     ("tensorrt_llm_bls: preprocessing: MESSAGES: message 0 has role 'x'", 400, "messages"),
     ("tensorrt_llm: request_output_len: input length 17 + request_output_len 9000 exceeds max_seq_len", 400,
@@ -182,3 +191,196 @@ def test_triton_errors_map_to_http(message, status, param):
     error = from_triton(message)
     assert (error.status, error.param) == (status, param) and error.message == message
     assert (error.retry_after is not None) == (status == 503)
+
+
+def test_our_models_refusals_to_retry_are_503s():
+    """Every UNAVAILABLE of our models (bls.errors.Unavailable: the BLS's pool, the embedded engine's queue, an
+    unload) is a 503 with Retry-After however its reason is worded: the words that say so are defined once
+    (bls.errors)."""
+    release = threading.Event()
+    pool = RequestPool(workers=1, queued=0, name="t")
+    refusals: list[BaseException] = []
+    pool.submit(release.wait, refusals.append)
+    pool.submit(release.wait, refusals.append)  # over capacity
+    release.set()
+    pool.shutdown(5, lambda: None)
+    pool.submit(release.wait, refusals.append)  # unloading
+    assert len(refusals) == 2
+    for message in [*(f"tensorrt_llm_bls: {refusal}" for refusal in refusals), str(Unavailable("any reason"))]:
+        error = from_triton(message)
+        assert (error.status, error.retry_after, error.type) == (503, 1, "server_error"), message
+
+
+# ---- issue 47: what OpenAI refuses, refused by field ----------------------------------------------------------------
+def raw_body(body: dict, **escaped: str) -> str:
+    """The body as JSON text with `"@name"` placeholders replaced by raw JSON string text (escapes kept as sent)."""
+    text = json.dumps(body)
+    for name, value in escaped.items():
+        text = text.replace(f'"@{name}"', value)
+    return text
+
+
+def errors_counted(client, status: int) -> float:
+    for line in client.get("/metrics").text.splitlines():
+        if line.startswith("llama3_api_request_errors_total{") and f'status="{status}"' in line:
+            return float(line.split()[-1])
+    return 0.0
+
+
+SURROGATE = '"a\\ud800b"'  # JSON text "a\ud800b": valid JSON, and no character
+
+
+@pytest.mark.parametrize("path, body, param", [
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": "@s"}]}, "messages[0].content"),
+    ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": [{"type": "text", "text": "@s"}]}]},
+     "messages[0].content[0].text"),
+    ("/v1/chat/completions", {**CHAT, "stop": "@s"}, "stop"),
+    ("/v1/chat/completions", {**CHAT, "stop": ["x", "@s"]}, "stop[1]"),
+    ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function", "function": {"name": "f", "description": "@s"}}]},
+     "tools[0].function.description"),
+    ("/v1/completions", {**COMPLETION, "prompt": "@s"}, "prompt"),
+    ("/v1/completions", {**COMPLETION, "prompt": ["ok", "@s"]}, "prompt[1]"),
+])
+def test_a_lone_surrogate_escape_is_a_400_naming_the_field(client, path, body, param):
+    """A lone surrogate escape is valid JSON but no character (UTF-8 cannot encode it): a 400 in OpenAI's shape
+    naming the field, counted, never a plain-text 500."""
+    before = errors_counted(client, 400)
+    response = client.post(path, content=raw_body(body, s=SURROGATE), headers={"Content-Type": "application/json"})
+    error = error_of(response, 400)
+    assert error["param"] == param and "surrogate" in error["message"], error
+    assert errors_counted(client, 400) == before + 1
+
+
+def test_a_surrogate_pair_is_a_character(client):
+    """A pair (a character beyond the BMP, as JSON escapes it) is text: not refused (the request reaches the server,
+    here absent: 503)."""
+    body = raw_body({**COMPLETION, "prompt": "@s"}, s='"\\ud83d\\ude00"')
+    assert "\\ud83d" in body
+    assert client.post("/v1/completions", content=body).status_code == 503
+
+
+@pytest.mark.parametrize("path, change, param", [
+    ("/v1/chat/completions", {"stream": "yes"}, "stream"),
+    ("/v1/chat/completions", {"temperature": "0.5"}, "temperature"),
+    ("/v1/chat/completions", {"n": "2"}, "n"),
+    ("/v1/chat/completions", {"max_tokens": "3"}, "max_tokens"),
+    ("/v1/chat/completions", {"max_tokens": 3.0}, "max_tokens"),
+    ("/v1/chat/completions", {"logprobs": "true"}, "logprobs"),
+    ("/v1/chat/completions", {"parallel_tool_calls": 0}, "parallel_tool_calls"),
+    ("/v1/chat/completions", {"seed": True}, "seed"),
+    ("/v1/chat/completions", {"stream_options": {"include_usage": 1}, "stream": True}, "stream_options.include_usage"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
+    ("/v1/completions", {"top_p": True}, "top_p"),
+    ("/v1/completions", {"echo": "false"}, "echo"),
+    ("/v1/completions", {"logprobs": False}, "logprobs"),
+])
+def test_wrong_json_types_are_refused_not_coerced(client, path, change, param):
+    body = {**(CHAT if path.endswith("chat/completions") else COMPLETION), **change}
+    error = error_of(client.post(path, json=body), 400)
+    assert error["param"] == param, error
+
+
+@pytest.mark.parametrize("change", [{"temperature": 1}, {"top_p": 1, "presence_penalty": 0}, {"logit_bias": {}}])
+def test_an_integer_is_a_number(client, change):
+    """As in JSON Schema and OpenAI's API: `"temperature": 1` is taken (it reaches the server, here absent: 503)."""
+    assert client.post("/v1/chat/completions", json={**CHAT, **change}).status_code == 503
+
+
+NOT_A_SCHEMA = {"type": "object", "properties": {"city": {"type": "strin"}}}
+
+
+@pytest.mark.parametrize("tool_choice", [None, "auto", "none", "required"])
+def test_tools_are_validated_whatever_the_tool_choice(client, tool_choice):
+    choice = {} if tool_choice is None else {"tool_choice": tool_choice}
+    error = error_of(client.post("/v1/chat/completions", json={**CHAT, "tools": [], **choice}), 400)
+    assert error["param"] == "tools", error
+    tools = [{"type": "function", "function": {"name": "f", "parameters": NOT_A_SCHEMA}}]
+    error = error_of(client.post("/v1/chat/completions", json={**CHAT, "tools": tools, **choice}), 400)
+    assert error["param"] == "tools[0].function.parameters" and "not a valid JSON schema" in error["message"], error
+    assert "parameters.properties.city.type" in error["message"], error
+
+
+@pytest.mark.parametrize("arguments, problem", [
+    ('{"city": ', "not valid JSON"), ("[1, 2]", "JSON text of an object"), ("[" * 100 + "]" * 100, "nests JSON"),
+])
+def test_malformed_history_arguments_name_the_call(client, arguments, problem):
+    history = [{"role": "user", "content": "x"},
+               {"role": "assistant", "content": None, "tool_calls": [
+                   {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "1"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    error = error_of(client.post("/v1/chat/completions", json={**CHAT, "messages": history, "tools": tools}), 400)
+    assert error["param"] == "messages[1].tool_calls[0].function.arguments" and problem in error["message"], error
+
+
+def test_a_405_says_which_methods_are_allowed_and_route_errors_are_counted(client):
+    before = {status: errors_counted(client, status) for status in (404, 405, 413)}
+    response = client.get("/v1/chat/completions")
+    error_of(response, 405)
+    assert response.headers["Allow"] == "POST"
+    assert client.delete("/v1/models").headers["Allow"] == "GET"
+    error_of(client.get("/v1/nothing"), 404)
+    big = json.dumps({**CHAT, "messages": [{"role": "user", "content": "x" * 70_000}]})
+    error_of(client.post("/v1/chat/completions", content=big), 413)  # refused by its Content-Length
+    assert {status: errors_counted(client, status) for status in (404, 405, 413)} == \
+        {404: before[404] + 1, 405: before[405] + 2, 413: before[413] + 1}
+
+
+def test_an_unexpected_error_is_a_counted_json_500(monkeypatch):
+    """A bug (any exception no route handles) answers OpenAI's shape with status 500, counted, never a traceback."""
+    def broken(body):
+        raise KeyError("a bug")
+
+    monkeypatch.setattr(openai_api.app, "_chat_prompt", broken)
+    app = create_app(Settings(triton_grpc="127.0.0.1:1", model_name=MODEL))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        error = error_of(client.post("/v1/chat/completions", json=CHAT), 500)
+        assert error["type"] == "server_error" and "KeyError" in error["message"] and "a bug" not in error["message"]
+        assert errors_counted(client, 500) == 1
+
+
+class _RefusedAfterOneToken:
+    """A stand-in for TritonBls whose generations give one token, then Triton's refusal to retry later."""
+
+    def __init__(self, url: str):
+        pass
+
+    async def generate(self, inputs):
+        yield BlsResponse("Hi")
+        raise from_triton(f"tensorrt_llm_bls: {Unavailable('at capacity: 1 sequences running')}")
+
+    async def close(self):
+        pass
+
+
+def test_a_refusal_after_a_stream_started_is_its_last_event_in_openai_shape(monkeypatch):
+    monkeypatch.setattr(openai_api.app, "TritonBls", _RefusedAfterOneToken)
+    with TestClient(create_app(Settings(triton_grpc="127.0.0.1:1", model_name=MODEL))) as client:
+        response = client.post("/v1/chat/completions", json={**CHAT, "stream": True})
+        assert response.status_code == 200
+        events = [json.loads(line[5:]) for line in response.text.splitlines() if line.startswith("data:")]
+        assert events[-2]["choices"][0]["delta"] == {"content": "Hi"} and "[DONE]" not in response.text
+        error = events[-1]["error"]
+        assert set(error) == {"message", "type", "param", "code"}
+        assert (error["type"], error["code"]) == ("server_error", "unavailable") and "retry later" in error["message"]
+        refused = client.post("/v1/chat/completions", json=CHAT)  # not streamed: the status and Retry-After
+        assert error_of(refused, 503)["code"] == "unavailable" and refused.headers["Retry-After"] == "1"
+        assert errors_counted(client, 503) == 2
+
+
+def test_openapi_declares_the_routes_and_their_shapes(client):
+    document = client.get("/openapi.json").json()
+    assert set(document["paths"]) == {"/health/ready", "/metrics", "/v1/models", "/v1/models/{model}",
+                                      "/v1/chat/completions", "/v1/completions"}
+    schemas = document["components"]["schemas"]
+    chat = document["paths"]["/v1/chat/completions"]["post"]
+    assert chat["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
+    assert set(chat["responses"]["200"]["content"]) == {"application/json", "text/event-stream"}
+    assert {"400", "401", "404", "413", "500", "503"} <= set(chat["responses"]) and "422" not in chat["responses"]
+    assert schemas["ChatCompletionRequest"]["properties"]["model"]["enum"] == [MODEL]
+    assert schemas["ChatCompletionRequest"]["properties"]["stream"] == {"default": False, "title": "Stream",
+                                                                         "type": "boolean"}
+    # A real error answer conforms to the declared error schema.
+    resolver = {"components": document["components"]}
+    error_schema = {**chat["responses"]["400"]["content"]["application/json"]["schema"], **resolver}
+    jsonschema.validate(client.post("/v1/chat/completions", json={**CHAT, "n": 0}).json(), error_schema)
