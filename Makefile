@@ -24,7 +24,8 @@ TEST_PY := $(PY)
 TEST_SETUP := setup
 endif
 
-# What `make repo` builds. ENGINE=embedded (default, CPU) or ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x).
+# What `make repo` builds. ENGINE=embedded (default, CPU), ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x engines) or
+# ENGINE=llmapi (TensorRT-LLM's LLM API on the PyTorch backend; without HF_MODEL, its CPU stand-in: docs/gpu.md).
 ENGINE ?= embedded
 REPO ?= build/model_repository
 ASSETS ?= build/assets
@@ -49,6 +50,12 @@ GUIDED_DECODING ?= xgrammar
 # ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
 # DRY_RUN=1 plans, renders and prints the commands without a GPU (GPU_MEM_GB=80 to plan for an 80 GB GPU).
 PROFILE ?= throughput
+# ENGINE=llmapi: QUANT=awq (W4A16 AWQ, default) or fp8; GPU_ARCH=ampere|ada|hopper|blackwell (or 8.9) plans for a GPU
+# that is not here (DRY_RUN); SPECULATIVE=ngram|eagle3|draft_target, EAGLE_DIR=<EAGLE-3 draft head>.
+QUANT ?= awq
+GPU_ARCH ?=
+SPECULATIVE ?=
+EAGLE_DIR ?=
 # SERVE_PATH=/models/llama3: where the repository will be served (the C++ backend opens gpt_model_path as given).
 SERVE_PATH ?=
 DRY_RUN ?=
@@ -134,7 +141,8 @@ repo: setup
 	    --draft-quant $(DRAFT_QUANT) $(if $(LORA_DIR),--lora-dir $(LORA_DIR)) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
-	    $(SIZING)
+	    --quant $(QUANT) $(if $(GPU_ARCH),--gpu-arch $(GPU_ARCH)) $(if $(SPECULATIVE),--speculative $(SPECULATIVE)) \
+	    $(if $(EAGLE_DIR),--eagle-dir $(EAGLE_DIR)) $(SIZING)
 
 # The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \

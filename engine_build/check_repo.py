@@ -234,6 +234,8 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
             report.cannot_check(name, f"backend {model.backend} (no {CONTAINER_BACKENDS} here: not the container)")
     if model.backend == "python":
         _check_python_model(model, models, report)
+        if manifest.get("engine") == "llmapi" and name == "tensorrt_llm":
+            _check_llmapi_model(model, manifest, report)
     elif model.backend == "tensorrtllm":
         _check_tensorrtllm_model(model, manifest, report)
     elif model.backend == RELAY_BACKEND:
@@ -514,6 +516,108 @@ def _imports(tree: ast.AST):
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:
     names = {n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)} if handler.type else set()
     return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+# ---- the tensorrt_llm model on the LLM API (ENGINE=llmapi) ----------------------------------------------------------
+
+def _check_llmapi_model(model: Model, manifest: dict, report: Report) -> None:
+    """model.yaml against TensorRT-LLM 1.2.x's LLM() arguments (engine_build/upstream_llm_args.py), its triton_config
+    against config.pbtxt, the `llm` it runs against repository.json, and the folders its paths name: the checkpoint
+    (ModelOpt's Hugging Face export: config.json, hf_quant_config.json, weights), the speculative model, the LoRA
+    adapters. Paths are relative to tensorrt_llm/1/ (the model resolves them there)."""
+    from engine_build.llmapi_flow import LLM_STAND_IN, LLM_TENSORRT_LLM, QUANT_SUPPORT
+    from engine_build.upstream_llm_args import llm_args_problems
+
+    name, version_dir = model.name, model.directory / "1"
+    llm = model.parameters.get("llm")
+    if llm not in (LLM_TENSORRT_LLM, LLM_STAND_IN):
+        report.fail(name, f"parameter llm {llm!r} is neither {LLM_TENSORRT_LLM!r} nor {LLM_STAND_IN!r}")
+    elif llm != manifest.get("llm"):
+        report.fail(name, f"parameter llm {llm!r}, but {MANIFEST} records llm {manifest.get('llm')!r}")
+    try:
+        from engine_build.llmapi_yaml import MODEL_YAML, read_model_yaml
+    except ImportError as error:  # check-repo needs no set-up; PyYAML is the engine extra's (and the container's)
+        report.cannot_check(name, f"1/model.yaml (PyYAML is not importable here: {error})")
+        return
+    if not (version_dir / MODEL_YAML).is_file():
+        report.fail(name, f"1/{MODEL_YAML} is missing: the model has no LLM() arguments to load")
+        return
+    try:
+        document = read_model_yaml(version_dir)
+    except Exception as error:  # noqa: BLE001 - yaml.YAMLError or a read error: either fails the load
+        report.fail(name, f"1/{MODEL_YAML} does not parse: {error}")
+        return
+    problems, unverified = llm_args_problems(document)
+    for problem in problems:
+        report.fail(name, f"1/{MODEL_YAML} {problem}")
+    for item in unverified:
+        report.cannot_check(name, f"1/{MODEL_YAML} {item}")
+    if problems:
+        return
+    triton = document["triton_config"]
+    if "decoupled" in triton and triton["decoupled"] != model.decoupled:
+        report.fail(name, f"1/{MODEL_YAML} triton_config.decoupled {triton['decoupled']} differs from config.pbtxt's "
+                          f"decoupled {model.decoupled} (Triton applies the config's: auto-complete is off)")
+    batch = int(first(model.config, "max_batch_size", 0))
+    if "max_batch_size" in triton and triton["max_batch_size"] != batch:
+        report.fail(name, f"1/{MODEL_YAML} triton_config.max_batch_size {triton['max_batch_size']} differs from "
+                          f"config.pbtxt's max_batch_size {batch}")
+    ranks = document.get("tensor_parallel_size", 1) * document.get("pipeline_parallel_size", 1)
+    if ranks != int(manifest.get("world_size", 1)):
+        report.fail(name, f"1/{MODEL_YAML} tensor_parallel_size x pipeline_parallel_size = {ranks}, but "
+                          f"{MANIFEST} records world_size {manifest.get('world_size', 1)} (what the launch starts)")
+    built = manifest.get("engines_built", True)
+    if not built:
+        report.cannot_check(name, "the checkpoint and the speculative model (a dry run exports none)")
+    for key, folder, wanted in _llmapi_paths(document):
+        if not folder:
+            report.fail(name, f"1/{MODEL_YAML} {key} is missing: speculative_config's decoding_type "
+                              f"{document['speculative_config']['decoding_type']} needs a draft model")
+            continue
+        if Path(folder).is_absolute():
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r} is absolute: paths are relative to tensorrt_llm/1/ "
+                              "(the model resolves them there; the repository must stay relocatable)")
+            continue
+        if not built and key in ("model", "speculative_config.speculative_model_dir"):
+            continue
+        path = version_dir / folder
+        missing = [file for file in wanted if not (path / file).is_file()]
+        if not path.is_dir():
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r}: no such folder under 1/")
+        elif missing:
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r} lacks {missing}")
+        elif key == "model":
+            if not any(path.glob("*.safetensors")):
+                report.fail(name, f"1/{MODEL_YAML} model {folder!r} holds no *.safetensors weights")
+            _check_quant_config(name, path / "hf_quant_config.json", manifest, report,
+                                {algo for algo, *_ in QUANT_SUPPORT.values()})
+
+
+def _llmapi_paths(document: dict) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    """(key, folder (None: not given), files it must hold) of every path model.yaml names."""
+    paths = [("model", document["model"], ("config.json", "hf_quant_config.json"))]
+    speculative = document.get("speculative_config") or {}
+    if speculative.get("decoding_type") in ("Eagle", "Eagle3", "DraftTarget"):
+        paths.append(("speculative_config.speculative_model_dir", speculative.get("speculative_model_dir"),
+                      ("config.json",)))
+    for folder in (document.get("lora_config") or {}).get("lora_dir", []):
+        paths.append(("lora_config.lora_dir", folder, ("adapter_config.json",)))
+    return paths
+
+
+def _check_quant_config(name: str, path: Path, manifest: dict, report: Report, loadable: set[str]) -> None:
+    """ModelOpt's hf_quant_config.json, as TensorRT-LLM's _torch/model_config.py reads it: quantization.quant_algo."""
+    try:
+        algo = json.loads(path.read_text())["quantization"]["quant_algo"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        report.fail(name, f"{path.name} has no readable quantization.quant_algo ({error!r})")
+        return
+    if algo not in loadable:
+        report.fail(name, f"{path.name} quant_algo {algo!r} is none this build serves ({sorted(loadable)})")
+    planned = (manifest.get("plan") or {}).get("quant_algo")
+    if planned and planned != algo:
+        report.fail(name, f"{path.name} quant_algo {algo!r}, but the repository was planned for {planned!r} (the GPU "
+                          "check of make repo was for that one)")
 
 
 # ---- the tensorrtllm C++ backend -----------------------------------------------------------------------------------
