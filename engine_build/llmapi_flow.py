@@ -266,7 +266,8 @@ class LlmapiPlan:
 
         return [*self.build_commands(), Command(
             "serve (make serve-only)",
-            server_command(repo, ServerPorts(), world_size=self.world_size, install=CONTAINER_TRITONSERVER, gpu=True))]
+            server_command(repo, ServerPorts(), world_size=self.world_size, install=CONTAINER_TRITONSERVER, gpu=True,
+                           llm_spawns_ranks=True))]
 
 
 def _hf_config(path: Path, role: str) -> dict:
