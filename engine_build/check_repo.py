@@ -187,11 +187,15 @@ def _check_topology(models: dict[str, Model], manifest: dict, report: Report) ->
 
 
 def _check_lora(models: dict[str, Model], manifest: dict, report: Report) -> None:
-    from engine_build.lora import repository_problems
+    from engine_build.lora import name_table_problems, repository_problems
 
     engine = next((models[name] for name in ("tensorrt_llm_python", "tensorrt_llm") if name in models
                    and models[name].backend in ("python", "tensorrtllm")), None)
     if engine is None or "preprocessing" not in models:
+        return
+    if manifest.get("engine") == "llmapi":  # the adapters' folders: model.yaml's lora_config (_check_llmapi_model)
+        for problem in name_table_problems(manifest, models["preprocessing"].parameters.get("lora_adapters")):
+            report.fail(engine.name, problem)
         return
 
     def served_prefetch_dir(value: str) -> Path:
@@ -566,6 +570,16 @@ def _check_llmapi_model(model: Model, manifest: dict, report: Report) -> None:
     if ranks != int(manifest.get("world_size", 1)):
         report.fail(name, f"1/{MODEL_YAML} tensor_parallel_size x pipeline_parallel_size = {ranks}, but "
                           f"{MANIFEST} records world_size {manifest.get('world_size', 1)} (what the launch starts)")
+    adapters = sorted(manifest.get("lora_adapters") or [], key=lambda adapter: adapter["task_id"])
+    lora = document.get("lora_config") or {}
+    named = [Path(folder).name for folder in lora.get("lora_dir", [])]
+    if named != [adapter["name"] for adapter in adapters]:
+        report.fail(name, f"1/{MODEL_YAML} lora_config.lora_dir names {named}, but {MANIFEST} records the adapters "
+                          f"{[adapter['name'] for adapter in adapters]} (task ids 1, 2, ... in that order)")
+    too_big = [adapter["name"] for adapter in adapters if adapter["rank"] > lora.get("max_lora_rank", 64)]
+    if too_big:
+        report.fail(name, f"1/{MODEL_YAML} lora_config.max_lora_rank {lora.get('max_lora_rank', 64)} is below the "
+                          f"rank of {too_big}")
     built = manifest.get("engines_built", True)
     if not built:
         report.cannot_check(name, "the checkpoint and the speculative model (a dry run exports none)")

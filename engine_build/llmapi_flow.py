@@ -34,7 +34,7 @@ from engine_build.gpu_plan import (
 )
 from engine_build.quantize import MODELOPT_ALGORITHMS
 from engine_build.repository import RepositoryError, RepositorySettings, assemble_repository
-from engine_build.settings_args import bls_settings, text_instance_settings
+from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm_flow import PROJECT_ROOT, Command
 
 # The parameter `llm` of tensorrt_llm's config.pbtxt and repository.json: which LLM class the model runs.
@@ -196,12 +196,31 @@ def speculative_config(spec: Speculation, draft_path: str | None) -> dict | None
     return config
 
 
+def lora_config(lora_dir: Path, max_lora_rank: int) -> dict:
+    """model.yaml's lora_config for LORA_DIR (LoraConfig, tensorrt_llm/lora_helper.py@037d4ba): every adapter's Hugging
+    Face PEFT folder, linked into tensorrt_llm/1/lora/<name>, in task-id order (lora_dir[i - 1] is task id i, the
+    order engine_build/lora.py gives them: sorted by name); the modules they target (TensorRT-LLM names, completed as
+    the engine flow completes them); room for all of them on the GPU and the host."""
+    from engine_build.lora import AdapterError, adapter_dirs, adapter_modules
+
+    try:
+        modules, largest = adapter_modules(lora_dir)
+        names = [path.name for path in adapter_dirs(lora_dir)]
+    except AdapterError as error:
+        raise SystemExit(f"LORA_DIR: {error}") from None
+    if largest > max_lora_rank:
+        raise SystemExit(f"LORA_DIR {lora_dir}: an adapter has rank {largest}, above --max-lora-rank {max_lora_rank}")
+    return {"lora_dir": [f"{LORA_DIR}/{name}" for name in names], "lora_ckpt_source": "hf",
+            "max_lora_rank": max_lora_rank, "lora_target_modules": list(modules), "max_loras": len(names),
+            "max_cpu_loras": len(names)}
+
+
 def llm_arguments(*, profile: Profile, tp: int, pp: int, kv_cache_dtype: str, kv_cache_fraction: float,
                   guided_decoding: str, spec: Speculation, checkpoint: str, draft: str | None,
-                  max_batch_size: int | None = None) -> dict:
+                  max_batch_size: int | None = None, lora: dict | None = None) -> dict:
     """model.yaml's LLM() arguments (TorchLlmArgs fields, engine_build/upstream_llm_args.py), from the same profile
     as the engine flow: the engine's sizes, the C++ backend's KV-cache, scheduler and chunking parameters under their
-    LLM API names. `max_batch_size` overrides the profile's (the stand-in's active requests)."""
+    LLM API names. `max_batch_size` overrides the profile's (the stand-in's active requests); `lora`: lora_config."""
     args = {
         "model": checkpoint,
         "backend": "pytorch",  # as NVIDIA's model.yaml writes it
@@ -229,6 +248,11 @@ def llm_arguments(*, profile: Profile, tp: int, pp: int, kv_cache_dtype: str, kv
     config = speculative_config(spec, draft)
     if config is not None:
         args["speculative_config"] = config
+    if lora is not None:
+        args["lora_config"] = lora
+        # LoRA x CUDA graph: "No" in TensorRT-LLM's feature-combination matrix (docs feature-combination-matrix.md
+        # @4d942aa); CUDA graphs are on by default (CudaGraphConfig()), so a LoRA deployment turns them off.
+        args["cuda_graph_config"] = None
     if spec.two_model:
         # "Two-model based speculation ... do not support overlap scheduler" (docs features/speculative-decoding.md
         # @35dac55); upstream's examples pass it explicitly rather than rely on the automatic fallback.
@@ -331,9 +355,6 @@ def plan(args) -> LlmapiPlan:
 
 def build_llmapi_repository(args, log) -> Path:
     """HF_MODEL given: the GPU build (llm: tensorrt_llm); else the stand-in on the tiny default model."""
-    if args.lora_dir is not None:
-        raise SystemExit("LORA_DIR with ENGINE=llmapi is not built yet (lora_config and the adapters' folders); "
-                         "use ENGINE=trtllm or ENGINE=embedded for LoRA")
     if not args.hf_model:
         return _build_stand_in(args, log)
     gpu_plan = plan(args)
@@ -354,7 +375,7 @@ def build_llmapi_repository(args, log) -> Path:
         llm_args=llm_arguments(profile=profile, tp=args.tp, pp=args.pp, kv_cache_dtype=args.kv_cache_dtype,
                                kv_cache_fraction=profile.kv_cache_free_gpu_mem_fraction,
                                guided_decoding=args.guided_decoding, spec=gpu_plan.spec, checkpoint=CHECKPOINT,
-                               draft=DRAFT if gpu_plan.spec.draft_dir else None),
+                               draft=DRAFT if gpu_plan.spec.draft_dir else None, lora=_lora(args)),
         plan={"profile": asdict(profile), "quant_algo": gpu_plan.quant_algo, "kv_cache_dtype": args.kv_cache_dtype,
               "tp": args.tp, "pp": args.pp, "compute_capability": list(gpu_plan.capability),
               "capacity": gpu_plan.capacity.as_dict()})
@@ -372,7 +393,7 @@ def _build_stand_in(args, log) -> Path:
         raise SystemExit(f"QUANT={args.quant}: the CPU build serves the tiny model's AWQ export (the stand-in "
                          "dequantizes W4A16_AWQ); QUANT=fp8 is for a GPU build (HF_MODEL=...)")
     spec = speculation(args)
-    check_combinations(spec, args.pp, False)
+    check_combinations(spec, args.pp, args.lora_dir is not None)
     if args.tp * args.pp != 1:
         raise SystemExit(f"TP={args.tp} PP={args.pp}: the CPU stand-in runs one process (world size 1)")
     paths = build_default_assets(args.assets, args.seed)
@@ -383,7 +404,7 @@ def _build_stand_in(args, log) -> Path:
         llm_args=llm_arguments(profile=profile, tp=1, pp=1, kv_cache_dtype="auto", kv_cache_fraction=0.9,
                                guided_decoding="xgrammar", spec=spec, checkpoint=CHECKPOINT,
                                draft=DRAFT if spec.draft_dir else None,
-                               max_batch_size=DEFAULT_MAX_ACTIVE_REQUESTS),
+                               max_batch_size=DEFAULT_MAX_ACTIVE_REQUESTS, lora=_lora(args)),
         plan=None)
     return _assemble_and_check(args, settings, log)
 
@@ -410,6 +431,11 @@ def tiny_modelopt_export(assets: Path, log) -> Path:
 
 CHECKPOINT = "checkpoint"  # tensorrt_llm/1/checkpoint: the ModelOpt export
 DRAFT = "draft"  # tensorrt_llm/1/draft: the EAGLE-3 head or the draft model
+LORA_DIR = "lora"  # tensorrt_llm/1/lora/<name>: the PEFT adapters of LORA_DIR
+
+
+def _lora(args) -> dict | None:
+    return lora_config(args.lora_dir, args.max_lora_rank) if args.lora_dir is not None else None
 
 
 def _settings(args, *, llm: str, target: Path, tokenizer: Path, profile: Profile, spec: Speculation, built: bool,
@@ -421,7 +447,8 @@ def _settings(args, *, llm: str, target: Path, tokenizer: Path, profile: Profile
         max_seq_len=profile.max_seq_len, max_draft_len=spec.max_draft_len, decoupled=args.decoupled,
         query_special_tokens=args.query_special_tokens, exclude_input_in_output=args.exclude_input_in_output,
         world_size=args.tp * args.pp, engines_built=built, guided_decoding=args.guided_decoding, plan=plan,
-        **bls_settings(args), **text_instance_settings(args))
+        # LoRA adapters are checked against the HF checkpoint (the export's config.json is the same model's).
+        lora_base=args.hf_model or None, **bls_settings(args), **text_instance_settings(args), **lora_settings(args))
 
 
 def _assemble_and_check(args, settings: RepositorySettings, log) -> Path:

@@ -288,7 +288,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         write_token_text_classes(out / "postprocessing" / "1" / TOKENIZER_DIR, settings.skip_special_tokens,
                                  handoff_dir / "1" / TOKEN_TEXT_CLASSES_FILE)
     if settings.engine == "llmapi":
-        _write_llmapi_model(out, settings)
+        _write_llmapi_model(out, settings, adapters)
     else:
         for name in engine_models:
             source = settings.target if name == TARGET_MODEL else settings.draft
@@ -546,11 +546,12 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         copy_engine(source, version_dir)
 
 
-def _write_llmapi_model(out: Path, settings: RepositorySettings) -> None:
+def _write_llmapi_model(out: Path, settings: RepositorySettings, adapters: list[ConvertedAdapter]) -> None:
     """tensorrt_llm on the LLM API: the template folder's model with the packages it imports, its config (the
     parameter `llm` says which LLM it runs), the checkpoint (and speculative model) linked into its version folder,
-    and model.yaml, whose triton_config repeats the config's batch size and transaction policy (NVIDIA's
-    launch_triton_server.py disables auto-complete, so config.pbtxt is what Triton applies)."""
+    the LoRA adapters' PEFT folders where model.yaml's lora_config names them (checked against the base by
+    _convert_adapters), and model.yaml, whose triton_config repeats the config's batch size and transaction policy
+    (NVIDIA's launch_triton_server.py disables auto-complete, so config.pbtxt is what Triton applies)."""
     from engine_build.llmapi_flow import CANCELLATION_CHECK_PERIOD_MS, LLM_STAND_IN, LLM_TENSORRT_LLM, VERSION_DIR_NOTE
     from engine_build.llmapi_yaml import MODEL_YAML, model_yaml_text
 
@@ -577,6 +578,12 @@ def _write_llmapi_model(out: Path, settings: RepositorySettings) -> None:
         _link_tree(Path(settings.target), version_dir / settings.llm_args["model"])
         if settings.speculative_model is not None:
             _link_tree(Path(settings.speculative_model), version_dir / LLMAPI_DRAFT_DIR)
+    lora_dirs = (settings.llm_args.get("lora_config") or {}).get("lora_dir", [])
+    if [Path(folder).name for folder in lora_dirs] != [adapter.name for adapter in adapters]:
+        raise RepositoryError(f"model.yaml's lora_config.lora_dir {lora_dirs} is not LORA_DIR's adapters "
+                              f"{[adapter.name for adapter in adapters]} in task-id order")
+    for folder in lora_dirs:
+        _link_files(Path(settings.lora_dir) / Path(folder).name, version_dir / folder)
     triton_config = {
         "max_batch_size": settings.triton_max_batch_size,
         "decoupled": settings.decoupled,
@@ -631,14 +638,19 @@ def _link_or_copy(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def _link_tree(source: Path, dest: Path) -> None:
-    """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
-    if not (source / "config.json").is_file():
-        raise RepositoryError(f"{source} has no config.json: not a checkpoint")
+def _link_files(source: Path, dest: Path) -> None:
+    """Hard-link a folder's files (a copy where links are not possible)."""
     dest.mkdir(parents=True)
     for item in source.iterdir():
         if item.is_file():
             _link_or_copy(item, dest / item.name)
+
+
+def _link_tree(source: Path, dest: Path) -> None:
+    """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
+    if not (source / "config.json").is_file():
+        raise RepositoryError(f"{source} has no config.json: not a checkpoint")
+    _link_files(source, dest)
 
 
 def variant_repository(base: Path, out: Path, **overrides) -> Path:

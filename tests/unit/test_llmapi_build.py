@@ -42,6 +42,7 @@ from serving import tritonserver
 from serving.tritonserver import ServerPorts, server_command
 
 ROOT = Path(__file__).resolve().parents[2]
+ASSETS = ROOT / "build" / "assets"
 LLAMA3_8B = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "num_hidden_layers": 32,
              "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
              "tie_word_embeddings": False, "rope_theta": 500000.0, "torch_dtype": "bfloat16"}
@@ -276,13 +277,19 @@ def _export(folder: Path, algo: str = "W4A16_AWQ") -> Path:
 
 
 def _llmapi_repo(root: Path, tokenizer_dir: Path, *, llm: str = LLM_STAND_IN, decoupled: bool = False,
-                 spec: Speculation | None = None, built: bool = True) -> Path:
+                 spec: Speculation | None = None, built: bool = True, lora_dir: Path | None = None) -> Path:
     spec = spec or _spec("")
     args = _render(spec, "auto", "xgrammar")
+    lora = {}
+    if lora_dir is not None:
+        args = llm_arguments(profile=PROFILES["throughput"], tp=1, pp=1, kv_cache_dtype="auto", kv_cache_fraction=0.9,
+                             guided_decoding="xgrammar", spec=spec, checkpoint="checkpoint", draft=None,
+                             lora=llmapi_flow.lora_config(lora_dir, 16))
+        lora = dict(lora_dir=lora_dir, max_lora_rank=16, lora_base=ASSETS / "tiny-target-hf")
     return assemble_repository(root / "repo", RepositorySettings(
         engine="llmapi", llm=llm, tokenizer_dir=tokenizer_dir, target=_export(root / "export"),
         speculative_model=spec.draft_dir, llm_args=args, triton_max_batch_size=args["max_batch_size"],
-        max_queue_size=args["max_batch_size"], decoupled=decoupled, engines_built=built))
+        max_queue_size=args["max_batch_size"], decoupled=decoupled, engines_built=built, **lora))
 
 
 def test_an_llmapi_repository_is_rendered_relocatable_and_passes(project, tmp_path, tokenizer_dir):
@@ -425,3 +432,45 @@ def test_the_container_has_what_the_llmapi_model_imports():
     assert check_repo.why_not_importable("tensorrt_llm", engine_model=True) is None
     assert check_repo.why_not_importable("yaml", engine_model=True) is None
     assert "embedded engine only" in check_repo.why_not_importable("tensorrt_llm", engine_model=False)
+
+
+@pytest.fixture(scope="module")
+def lora_dir(tmp_path_factory):
+    """Two PEFT adapters of the tiny target: rank 8 on q and v, rank 4 on the MLP's down projection."""
+    if not (ASSETS / "tiny-target-hf" / "config.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    base = LlamaForCausalLM.from_pretrained(str(ASSETS / "tiny-target-hf"))
+    root = tmp_path_factory.mktemp("adapters")
+    get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"])).save_pretrained(str(root / "beta"))
+    base = LlamaForCausalLM.from_pretrained(str(ASSETS / "tiny-target-hf"))
+    get_peft_model(base, LoraConfig(r=4, target_modules=["down_proj"])).save_pretrained(str(root / "alpha"))
+    return root
+
+
+def test_lora_adapters_are_linked_in_task_id_order_without_cuda_graphs(project, tmp_path, tokenizer_dir, lora_dir):
+    config = llmapi_flow.lora_config(lora_dir, 16)
+    assert config == {"lora_dir": ["lora/alpha", "lora/beta"], "lora_ckpt_source": "hf", "max_lora_rank": 16,
+                      "lora_target_modules": ["attn_q", "attn_k", "attn_v", "mlp_4h_to_h"], "max_loras": 2,
+                      "max_cpu_loras": 2}
+    repo = _llmapi_repo(tmp_path, tokenizer_dir, lora_dir=lora_dir)
+    version = repo / "tensorrt_llm" / "1"
+    document = yaml.safe_load((version / MODEL_YAML).read_text())
+    assert document["lora_config"] == config and document["cuda_graph_config"] is None  # LoRA x CUDA graph: No
+    assert llm_args_problems(document) == ([], [])
+    assert (version / "lora" / "alpha" / "adapter_config.json").is_file()
+    manifest = json.loads((repo / "repository.json").read_text())
+    assert [(a["name"], a["task_id"]) for a in manifest["lora_adapters"]] == [("alpha", 1), ("beta", 2)]
+    report = check_repository(repo)
+    assert report.ok, report.problems
+
+    def reorder(document: dict) -> None:
+        document["lora_config"]["lora_dir"].reverse()
+    problems = _broken(repo, tmp_path, _edit_yaml(reorder))
+    assert any("lora_config.lora_dir names ['beta', 'alpha'], but repository.json records" in p for p in problems)
+    problems = _broken(repo, tmp_path / "b", lambda r: shutil.rmtree(r / "tensorrt_llm" / "1" / "lora" / "beta"))
+    assert any("lora_config.lora_dir 'lora/beta': no such folder under 1/" in p for p in problems), problems
+    with pytest.raises(SystemExit, match="an adapter has rank 8, above --max-lora-rank 4"):
+        llmapi_flow.lora_config(lora_dir, 4)
