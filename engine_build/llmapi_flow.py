@@ -44,9 +44,12 @@ TINY_EXPORT = "tiny-target-modelopt-hf"  # under the assets folder: the stand-in
 TARGET_EXPORT = "target-modelopt-hf"  # under the assets folder: HF_MODEL's export
 
 # Which quantizations the PyTorch flow's Llama model loads on which GPUs, by compute capability [low, high):
-# TensorRT-LLM docs features/quantization.md@f53fb4c hardware matrix ("W4A16 AWQ: Hopper, Ada, Ampere", not Blackwell;
-# "FP8 per-tensor: sm120, sm100, Hopper, Ada"), and _torch/modules/linear.py@ed53795 get_quant_method (a W4A16_AWQ and
-# an FP8 QDQ linear method; llmapi-1.2.md section 5). Ampere is 8.0-8.7, Ada 8.9, Hopper 9.0, Blackwell 10.0 and 12.0.
+# NVIDIA/TensorRT-LLM docs/source/features/quantization.md (read at 09d4c79; the same table at f53fb4c) "Hardware
+# Support Matrix": W4A16 AWQ on Hopper, Ada Lovelace and Ampere, not on Blackwell (sm100/103, sm120); FP8 per tensor on
+# Blackwell sm120 and sm100/103, Hopper and Ada, not on Ampere; FP8 KV cache on all five. Its model matrix gives the
+# LLaMA row (LlamaForCausalLM, which Llama 3 checkpoints are) FP8 per tensor and W4A16 AWQ. _torch/modules/linear.py
+# @ed53795 get_quant_method has the W4A16_AWQ and FP8 QDQ linear methods (llmapi-1.2.md section 5). Ampere is
+# 8.0-8.7, Ada 8.9, Hopper 9.0, Blackwell 10.x and 12.x.
 QUANT_SUPPORT: dict[str, tuple[str, tuple[int, int], tuple[int, int] | None, str]] = {
     "awq": (MODELOPT_ALGORITHMS["awq"], (8, 0), (10, 0), "Ampere, Ada and Hopper (not Blackwell: use QUANT=fp8 there)"),
     "fp8": (MODELOPT_ALGORITHMS["fp8"], (8, 9), None, "Ada, Hopper and Blackwell (compute capability 8.9 and up)"),
@@ -130,9 +133,11 @@ class Speculation:
     draft_dir: Path | None
 
     @property
-    def two_model(self) -> bool:
-        """A draft model run by the executor beside the target (not a submodule of it)."""
-        return self.mode == "draft_target" or (self.mode == "eagle3" and not EAGLE3_ONE_MODEL)
+    def drafts_in_executor(self) -> bool:
+        """Draft tokens made by the executor beside the target, not by a submodule of it: a draft model, two-model
+        EAGLE-3, or the n-gram pool (the "two model" path of TensorRT-LLM's speculative-decoding docs), which the
+        overlap scheduler does not support."""
+        return self.mode in ("draft_target", "ngram") or (self.mode == "eagle3" and not EAGLE3_ONE_MODEL)
 
 
 def speculation(args) -> Speculation:
@@ -170,14 +175,16 @@ def speculation(args) -> Speculation:
 
 
 def check_combinations(spec: Speculation, pp: int, lora: bool) -> None:
-    """What 1.2.x's PyTorch flow does not combine, refused by name (llmapi-1.2.md section 8: TensorRT-LLM docs
-    feature-combination-matrix.md@4d942aa)."""
-    if spec.mode == "eagle3" and pp > 1:
-        raise SystemExit(f"SPECULATIVE=eagle3 with PP={pp}: EAGLE-3 does not combine with pipeline parallelism "
-                         "(TensorRT-LLM's feature-combination matrix); use TP instead")
+    """What 1.2.x's PyTorch flow does not combine, refused by name: NVIDIA/TensorRT-LLM docs/source/features/
+    feature-combination-matrix.md (read at 01edcea; at 4d942aa, llmapi-1.2.md section 8, EAGLE-3 x pipeline
+    parallelism is "No" too): every speculative decoding row x Pipeline Parallelism "No"; LoRA x every speculative
+    decoding row "Untested". Guided decoding x speculative decoding is "Yes" in both."""
+    if spec.mode and pp > 1:
+        raise SystemExit(f"SPECULATIVE={spec.mode} with PP={pp}: speculative decoding does not combine with pipeline "
+                         "parallelism (TensorRT-LLM's feature-combination matrix); use TP instead")
     if lora and spec.mode:
         raise SystemExit(f"LORA_DIR with SPECULATIVE={spec.mode}: LoRA x speculative decoding is untested upstream "
-                         "(feature-combination matrix: LoRA x EAGLE-3 untested); build one or the other")
+                         "(TensorRT-LLM's feature-combination matrix); build one or the other")
 
 
 def speculative_config(spec: Speculation, draft_path: str | None) -> dict | None:
@@ -250,12 +257,14 @@ def llm_arguments(*, profile: Profile, tp: int, pp: int, kv_cache_dtype: str, kv
         args["speculative_config"] = config
     if lora is not None:
         args["lora_config"] = lora
-        # LoRA x CUDA graph: "No" in TensorRT-LLM's feature-combination matrix (docs feature-combination-matrix.md
-        # @4d942aa); CUDA graphs are on by default (CudaGraphConfig()), so a LoRA deployment turns them off.
+        # LoRA x CUDA graph: "No" in TensorRT-LLM's feature-combination matrix at 4d942aa (llmapi-1.2.md section 8;
+        # "Yes" only at the later 01edcea); CUDA graphs are on by default (CudaGraphConfig()), so a LoRA deployment
+        # of 1.2.x turns them off.
         args["cuda_graph_config"] = None
-    if spec.two_model:
+    if spec.drafts_in_executor:
         # "Two-model based speculation ... do not support overlap scheduler" (docs features/speculative-decoding.md
-        # @35dac55); upstream's examples pass it explicitly rather than rely on the automatic fallback.
+        # @35dac55); the docs' NGram and DraftTarget examples pass disable_overlap_scheduler=True (@04c8822) rather
+        # than rely on the automatic fallback, and so does this.
         args["disable_overlap_scheduler"] = True
     return args
 
@@ -325,7 +334,7 @@ def plan(args) -> LlmapiPlan:
     algo = check_quantization(quant, capability)
     if args.kv_cache_dtype == "fp8" and capability < (8, 0):
         raise SystemExit("KV_CACHE_DTYPE=fp8 needs an Ampere GPU or newer (TensorRT-LLM's quantization hardware "
-                         "matrix: FP8 KV cache on every GPU from Ampere on)")
+                         "matrix: FP8 KV cache on Ampere, Ada, Hopper and Blackwell)")
     profile = profile_with(
         args.profile, max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
         max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,

@@ -13,6 +13,10 @@ were read (../shared/reference/llmapi-1.2.md section 0 names them, section 1 lis
 - A = NVIDIA/TensorRT-LLM@7b437aa tensorrt_llm/llmapi/llm_args.py (main at about 1.2.0rc1);
 - B = 2ez4bz/TensorRT-LLM@249aee7 tensorrt_llm/llmapi/llm_args.py (a fork of main between 1.2.0rc2 and 1.3.0rc7);
 - LoraConfig: NVIDIA/TensorRT-LLM@037d4ba tensorrt_llm/lora_helper.py (A and B import it from there).
+The speculative configs were read again here in a stored 1.2-era llm_args.py (the search tool's file 1090804222, its
+commit not shown): DecodingBaseConfig with speculative_model_dir, max_concurrency, load_format, acceptance_window,
+acceptance_length_threshold; from_dict's keys MTP, Medusa, Eagle, Lookahead, NGram, DraftTarget, SaveState,
+UserProvided, AUTO; Medusa's supports_backend excluding pytorch; NGram's max_matching_ngram_size default 0; as A.
 A field in both A and B is recorded as accepted by 1.2.1 (`since="A,B"`); one in B only as likely (`since="B"`): we
 never write those, and check-repo reports a B-only key as unverified rather than as an error. The one command that
 settles the list in the 26.07 container:

@@ -111,8 +111,9 @@ def test_the_rendering_follows_the_profile_and_the_speculation():
     assert plain["scheduler_config"] == {"capacity_scheduler_policy": "GUARANTEED_NO_EVICT"}
     assert plain["guided_decoding_backend"] == "xgrammar" and "speculative_config" not in plain
     assert "guided_decoding_backend" not in _render(_spec(""), "auto", "none")
-    ngram = _render(_spec("ngram"), "auto", "xgrammar")["speculative_config"]
-    assert ngram == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+    ngram = _render(_spec("ngram"), "auto", "xgrammar")
+    assert ngram["speculative_config"] == {"decoding_type": "NGram", "max_draft_len": 4, "max_matching_ngram_size": 2}
+    assert ngram["disable_overlap_scheduler"] is True  # the executor drafts (upstream's NGram example sets it)
     eagle = _render(_spec("eagle3", True), "auto", "xgrammar")
     assert eagle["speculative_config"]["decoding_type"] == "Eagle"  # EAGLE-3 in both read versions
     assert eagle["speculative_config"]["speculative_model_dir"] == "draft"
@@ -185,13 +186,15 @@ def test_plan_refuses_by_name(tmp_path, monkeypatch, overrides, named):
         llmapi_flow.plan(_args(tmp_path, **overrides))
 
 
-def test_eagle3_with_pipeline_parallelism_is_refused(tmp_path, monkeypatch):
+def test_speculation_with_pipeline_parallelism_or_lora_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
     head = tmp_path / "eagle"
     head.mkdir()
     (head / "config.json").write_text("{}")
-    with pytest.raises(SystemExit, match="EAGLE-3 does not combine with pipeline parallelism"):
+    with pytest.raises(SystemExit, match="SPECULATIVE=eagle3 with PP=2: speculative decoding does not combine"):
         llmapi_flow.plan(_args(tmp_path, speculative="eagle3", eagle_dir=head, pp=2))
+    with pytest.raises(SystemExit, match="SPECULATIVE=ngram with PP=2"):
+        llmapi_flow.plan(_args(tmp_path, speculative="ngram", pp=2))
     with pytest.raises(SystemExit, match="LORA_DIR with SPECULATIVE=ngram"):
         check_combinations(_spec("ngram"), 1, lora=True)
 
@@ -209,7 +212,7 @@ def test_a_draft_model_alone_means_draft_target(tmp_path):
     draft.mkdir()
     (draft / "config.json").write_text("{}")
     spec = speculation(_args(tmp_path, draft_hf_model=draft))
-    assert (spec.mode, spec.draft_dir, spec.two_model) == ("draft_target", draft, True)
+    assert (spec.mode, spec.draft_dir, spec.drafts_in_executor) == ("draft_target", draft, True)
     with pytest.raises(SystemExit, match="DRAFT_HF_MODEL is for SPECULATIVE=draft_target, not ngram"):
         speculation(_args(tmp_path, draft_hf_model=draft, speculative="ngram"))
 
