@@ -112,7 +112,7 @@ help:
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
 	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
-	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
+	@echo "make repo    build the repository only (ENGINE=trtllm|llmapi HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
 	@echo "make rehearse   the README's container commands in a reproduction of the 26.07 image (root; make test runs it)"
 	@echo "make serve-only REPO=...   check, then serve an existing repository (builds nothing; docs/container.md)"
