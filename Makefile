@@ -56,6 +56,8 @@ QUANT ?= awq
 GPU_ARCH ?=
 SPECULATIVE ?=
 EAGLE_DIR ?=
+# Draft tokens a step verifies (a draft model, and ENGINE=llmapi's speculation); default 8.
+MAX_DRAFT_LEN ?=
 # SERVE_PATH=/models/llama3: where the repository will be served (the C++ backend opens gpt_model_path as given).
 SERVE_PATH ?=
 DRY_RUN ?=
@@ -142,7 +144,7 @@ repo: setup
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
 	    --quant $(QUANT) $(if $(GPU_ARCH),--gpu-arch $(GPU_ARCH)) $(if $(SPECULATIVE),--speculative $(SPECULATIVE)) \
-	    $(if $(EAGLE_DIR),--eagle-dir $(EAGLE_DIR)) $(SIZING)
+	    $(if $(EAGLE_DIR),--eagle-dir $(EAGLE_DIR)) $(if $(MAX_DRAFT_LEN),--max-draft-len $(MAX_DRAFT_LEN)) $(SIZING)
 
 # The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \

@@ -310,6 +310,16 @@ def _hf_config(path: Path, role: str) -> dict:
     return json.loads(config.read_text())
 
 
+def _profile(args) -> Profile:
+    """The GPU profile (engine_build/gpu_plan.py) with the values given on the command line."""
+    return profile_with(
+        args.profile, max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
+        max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
+        kv_cache_free_gpu_mem_fraction=args.kv_cache_fraction, batch_scheduler_policy=args.batch_scheduler_policy,
+        enable_chunked_context=args.enable_chunked_context,
+    )
+
+
 def _capability(args) -> tuple[int, int] | None:
     """The GPU's compute capability: nvidia-smi's; GPU_ARCH= where there is no GPU (a dry run); both must agree."""
     here = gpu_compute_capability()
@@ -335,12 +345,7 @@ def plan(args) -> LlmapiPlan:
     if args.kv_cache_dtype == "fp8" and capability < (8, 0):
         raise SystemExit("KV_CACHE_DTYPE=fp8 needs an Ampere GPU or newer (TensorRT-LLM's quantization hardware "
                          "matrix: FP8 KV cache on Ampere, Ada, Hopper and Blackwell)")
-    profile = profile_with(
-        args.profile, max_batch_size=args.max_batch_size, max_num_tokens=args.max_num_tokens,
-        max_input_len=args.max_input_len, max_seq_len=args.max_seq_len,
-        kv_cache_free_gpu_mem_fraction=args.kv_cache_fraction, batch_scheduler_policy=args.batch_scheduler_policy,
-        enable_chunked_context=args.enable_chunked_context,
-    )
+    profile = _profile(args)
     target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
     memory = int(args.gpu_mem_gb * GiB) if args.gpu_mem_gb else gpu_memory_bytes()
     if memory is None:
@@ -405,15 +410,20 @@ def _build_stand_in(args, log) -> Path:
     check_combinations(spec, args.pp, args.lora_dir is not None)
     if args.tp * args.pp != 1:
         raise SystemExit(f"TP={args.tp} PP={args.pp}: the CPU stand-in runs one process (world size 1)")
+    if args.kv_cache_dtype != "auto":
+        raise SystemExit(f"KV_CACHE_DTYPE={args.kv_cache_dtype} is for a GPU build (HF_MODEL=...): the CPU stand-in "
+                         "keeps its cache in the model's dtype")
     paths = build_default_assets(args.assets, args.seed)
     export = tiny_modelopt_export(args.assets, log)
-    profile = profile_with(args.profile, max_input_len=args.max_input_len, max_seq_len=args.max_seq_len)
+    profile = _profile(args)
     settings = _settings(
         args, llm=LLM_STAND_IN, target=export, tokenizer=paths["tokenizer"], profile=profile, spec=spec, built=True,
-        llm_args=llm_arguments(profile=profile, tp=1, pp=1, kv_cache_dtype="auto", kv_cache_fraction=0.9,
-                               guided_decoding="xgrammar", spec=spec, checkpoint=CHECKPOINT,
+        llm_args=llm_arguments(profile=profile, tp=1, pp=1, kv_cache_dtype="auto",
+                               kv_cache_fraction=profile.kv_cache_free_gpu_mem_fraction,
+                               guided_decoding=args.guided_decoding, spec=spec, checkpoint=CHECKPOINT,
                                draft=DRAFT if spec.draft_dir else None,
-                               max_batch_size=DEFAULT_MAX_ACTIVE_REQUESTS, lora=_lora(args)),
+                               # The embedded engine's concurrent sequences, unless MAX_BATCH_SIZE says otherwise.
+                               max_batch_size=args.max_batch_size or DEFAULT_MAX_ACTIVE_REQUESTS, lora=_lora(args)),
         plan=None)
     return _assemble_and_check(args, settings, log)
 

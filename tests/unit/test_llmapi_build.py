@@ -477,3 +477,25 @@ def test_lora_adapters_are_linked_in_task_id_order_without_cuda_graphs(project, 
     assert any("lora_config.lora_dir 'lora/beta': no such folder under 1/" in p for p in problems), problems
     with pytest.raises(SystemExit, match="an adapter has rank 8, above --max-lora-rank 4"):
         llmapi_flow.lora_config(lora_dir, 4)
+
+
+def test_the_cpu_build_serves_the_tiny_modelopt_export_on_the_stand_in(project, tmp_path, monkeypatch):
+    """`make repo ENGINE=llmapi` without HF_MODEL: the tiny target's W4A16_AWQ export (made once, in its own process,
+    then reused while up to date) behind `llm: stand_in`, checked."""
+    if not (ASSETS / "tiny-target-hf" / "config.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
+    args = _args(tmp_path, hf_model=None, dry_run=False, gpu_arch=None, assets=ASSETS, speculative="ngram",
+                 max_draft_len=4)
+    repo = llmapi_flow.build_llmapi_repository(args, lambda message: None)
+    version = repo / "tensorrt_llm" / "1"
+    document = yaml.safe_load((version / MODEL_YAML).read_text())
+    assert document["max_batch_size"] == 16 and document["speculative_config"]["decoding_type"] == "NGram"
+    quant = json.loads((version / "checkpoint" / "hf_quant_config.json").read_text())["quantization"]
+    assert quant["quant_algo"] == "W4A16_AWQ"
+    assert json.loads((repo / "repository.json").read_text())["llm"] == LLM_STAND_IN
+    with pytest.raises(SystemExit, match="DRY_RUN=1 plans a GPU build"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, hf_model=None), lambda message: None)
+    with pytest.raises(SystemExit, match="QUANT=fp8: the CPU build serves the tiny model's AWQ export"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, hf_model=None, dry_run=False, quant="fp8"),
+                                            lambda message: None)
