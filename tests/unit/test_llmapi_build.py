@@ -244,6 +244,21 @@ def test_an_llmapi_repository_launches_one_tritonserver(monkeypatch):
         {"engine": "trtllm"})
 
 
+def test_serve_only_launches_an_llmapi_repository_from_its_manifest(tmp_path, monkeypatch):
+    """`make serve-only` (serving.tritonserver.launch) decides from repository.json alone: TP x PP = 2 in an llmapi
+    repository is one tritonserver under mpirun -n 1, never the engine flow's two ranks or orchestrator mode."""
+    monkeypatch.setattr(tritonserver, "find_tritonserver",
+                        lambda: tritonserver.TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None))
+    monkeypatch.setattr(tritonserver, "gpu_available", lambda: True)
+    monkeypatch.delenv("TRTLLM_ORCHESTRATOR", raising=False)
+    (tmp_path / "repository.json").write_text(json.dumps({"engine": "llmapi", "llm": "tensorrt_llm",
+                                                          "world_size": 2, "draft": None}))
+    command, env = tritonserver.launch(tmp_path, ServerPorts())
+    assert command[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert ":" not in command and "--model-control-mode=explicit" not in command
+    assert "TRTLLM_ORCHESTRATOR" not in env
+
+
 # ---- repositories: assembled, checked, broken -----------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
