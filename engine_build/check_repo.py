@@ -29,7 +29,7 @@ from bls.model_parameters import parse_bool
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.token_text_classes import token_text_classes_for
-from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, TOPOLOGIES
+from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, LLMAPI_TEMPLATE, TOPOLOGIES
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     PYTHON_BACKEND_PARAMETER_READS,
@@ -49,6 +49,8 @@ CONTRACT_OF = {
     "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
     "tensorrt_llm_handoff": "tensorrt_llm_handoff",  # the engine's tensors plus its own stream-state output
 }
+# Engine models: the ones that may import the engine-only modules (engine_build/container_python.py).
+ENGINE_CONTRACTS = ("tensorrt_llm", LLMAPI_TEMPLATE)
 # Parameters of our Python models that name a path relative to the model's version folder, and the file it must hold.
 PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "checkpoint_dir": ("config.json",)}
 # Parameters that name another model of the repository (the BLS's, the relays', the handoff's).
@@ -228,7 +230,7 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
     elif model.backend not in BACKENDS:
         report.fail(name, f"backend {model.backend!r} is none of {BACKENDS}")
         return
-    _check_tensors(model, report)
+    _check_tensors(model, manifest, report)
     _check_decoupled(model, manifest, report)
     if model.backend in ("python", "tensorrtllm"):
         if CONTAINER_BACKENDS.is_dir():
@@ -237,7 +239,7 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
         else:
             report.cannot_check(name, f"backend {model.backend} (no {CONTAINER_BACKENDS} here: not the container)")
     if model.backend == "python":
-        _check_python_model(model, models, report)
+        _check_python_model(model, models, report, engine_model=contract_of(model, manifest) in ENGINE_CONTRACTS)
         if manifest.get("engine") == "llmapi" and name == "tensorrt_llm":
             _check_llmapi_model(model, manifest, report)
     elif model.backend == "tensorrtllm":
@@ -252,8 +254,16 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
 
 # ---- tensors -------------------------------------------------------------------------------------------------------
 
-def _check_tensors(model: Model, report: Report) -> None:
-    contract_name = CONTRACT_OF.get(model.name)
+def contract_of(model: Model, manifest: dict) -> str | None:
+    """The contract (bls/contract.py) a model of ours answers to: CONTRACT_OF's, but the LLM API's tensorrt_llm, which
+    answers to its template's (ENGINE=llmapi: engine_build/topology.py LLMAPI_TEMPLATE)."""
+    if manifest.get("engine") == "llmapi" and model.name == "tensorrt_llm":
+        return LLMAPI_TEMPLATE
+    return CONTRACT_OF.get(model.name)
+
+
+def _check_tensors(model: Model, manifest: dict, report: Report) -> None:
+    contract_name = contract_of(model, manifest)
     if contract_name is None:
         report.fail(model.name, "a model this repository's contracts (bls/contract.py) do not know")
         return
@@ -412,7 +422,7 @@ def _check_ensemble(model: Model, models: dict[str, Model], report: Report) -> N
 
 # ---- Python models -------------------------------------------------------------------------------------------------
 
-def _check_python_model(model: Model, models: dict[str, Model], report: Report) -> None:
+def _check_python_model(model: Model, models: dict[str, Model], report: Report, engine_model: bool) -> None:
     version_dir = model.directory / "1"
     if not (version_dir / "model.py").is_file():
         report.fail(model.name, "backend python needs 1/model.py: missing")
@@ -438,7 +448,6 @@ def _check_python_model(model: Model, models: dict[str, Model], report: Report) 
         for problem in xgrammar_file_problems(version_dir / info, f"1/{info}"):
             report.fail(model.name, problem)
     _check_named_models(model, models, report)
-    engine_model = CONTRACT_OF.get(model.name) == "tensorrt_llm"
     for problem in python_import_problems(version_dir, engine_model):
         report.fail(model.name, problem)
 

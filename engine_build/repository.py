@@ -38,6 +38,7 @@ from engine_build.topology import (
     BLS_PYTHON_MODEL,
     DRAFT_MODEL,
     HANDOFF_MODEL,
+    LLMAPI_TEMPLATE,
     TARGET_MODEL,
     Topology,
     repository_topology,
@@ -75,9 +76,6 @@ CONTAINER_INCLUDE = Path("/opt/tritonserver/include")
 RELAY_LIBRARY = "libtriton_llama3_relay.so"  # Triton finds a model's backend library in its version folder
 
 EngineKind = Literal["embedded", "trtllm", "llmapi"]
-# ENGINE=llmapi: tensorrt_llm is rendered from this template folder (config.pbtxt + 1/model.py), a Python model on
-# TensorRT-LLM's LLM API configured by 1/model.yaml (engine_build/llmapi_flow.py).
-LLMAPI_TEMPLATE = "tensorrt_llm_llmapi"
 LLMAPI_DRAFT_DIR = "draft"  # tensorrt_llm/1/draft: the EAGLE-3 head or the draft model of speculative_config
 
 
@@ -563,7 +561,8 @@ def _write_llmapi_model(out: Path, settings: RepositorySettings, adapters: list[
         raise RepositoryError(f"{template} (config.pbtxt and 1/model.py: the tensorrt_llm model on the LLM API) is "
                               "missing from this checkout")
     vendored = ("bls", "llmapi_engine") + (("embedded_engine",) if settings.llm == LLM_STAND_IN else ())
-    target = _write_model(out, TARGET_MODEL, source_name=LLMAPI_TEMPLATE, contract_name=TARGET_MODEL,
+    # Its tensors: bls/contract.py's contract of the template's name (the C++ backend's, plus NVIDIA's llmapi names).
+    target = _write_model(out, TARGET_MODEL, source_name=LLMAPI_TEMPLATE, contract_name=LLMAPI_TEMPLATE,
                           vendored=vendored, values={
         "model_name": TARGET_MODEL,
         "triton_max_batch_size": settings.triton_max_batch_size,

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bls.contract import CONTRACTS
 from engine_build import check_repo, llmapi_flow, repository
 from engine_build.check_repo import check_repository
 from engine_build.gpu_plan import PROFILES
@@ -32,6 +33,7 @@ from engine_build.llmapi_flow import (
 )
 from engine_build.llmapi_yaml import MODEL_YAML
 from engine_build.repository import RepositorySettings, assemble_repository
+from engine_build.topology import LLMAPI_TEMPLATE
 from engine_build.upstream_llm_args import (
     NESTED,
     SPECULATIVE_DECODING_TYPES,
@@ -267,10 +269,12 @@ def templates(tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
     shutil.copytree(ROOT / "model_repository", root / "model_repository", ignore=shutil.ignore_patterns(
         "tensorrt_llm_llmapi"))
-    template = root / "model_repository" / repository.LLMAPI_TEMPLATE
+    template = root / "model_repository" / LLMAPI_TEMPLATE
     (template / "1").mkdir(parents=True)
     (template / "config.pbtxt").write_text(TEST_TEMPLATE)
-    (template / "1" / "model.py").write_text('"""The build tests\' tensorrt_llm: its files only."""\n')
+    # Its files only, with the imports the LLM API's model makes (check-repo allows the engine-only ones to it).
+    (template / "1" / "model.py").write_text('"""The build tests\' tensorrt_llm."""\n'
+                                             "import tensorrt_llm\nimport yaml\n")
     for package in ("bls", "embedded_engine"):
         (root / package).symlink_to(ROOT / package)
     (root / "llmapi_engine").mkdir()
@@ -282,6 +286,9 @@ def templates(tmp_path_factory):
 def project(templates, monkeypatch):
     monkeypatch.setattr(repository, "TEMPLATES", templates / "model_repository")
     monkeypatch.setattr(repository, "PROJECT_ROOT", templates)
+    # The template's contract is the serving side's (bls/contract.py, under LLMAPI_TEMPLATE); where the build side
+    # stands alone, the C++ backend's contract, which it extends, stands for it.
+    monkeypatch.setitem(CONTRACTS, LLMAPI_TEMPLATE, CONTRACTS.get(LLMAPI_TEMPLATE, CONTRACTS["tensorrt_llm"]))
     return templates
 
 
