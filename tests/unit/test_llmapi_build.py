@@ -521,3 +521,26 @@ def test_the_cpu_build_serves_the_tiny_modelopt_export_on_the_stand_in(project, 
     with pytest.raises(SystemExit, match="QUANT=fp8: the CPU build serves the tiny model's AWQ export"):
         llmapi_flow.build_llmapi_repository(_args(tmp_path, hf_model=None, dry_run=False, quant="fp8"),
                                             lambda message: None)
+
+
+def test_a_gpu_build_without_a_gpu_or_tensorrt_llm_stops_before_any_work(tmp_path, monkeypatch):
+    from engine_build import gpu, trtllm
+
+    monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
+    monkeypatch.setattr(llmapi_flow, "_run", lambda commands, log: pytest.fail(f"ran {commands}"))
+    monkeypatch.setattr(gpu, "gpu_available", lambda: False)
+    with pytest.raises(SystemExit, match="no NVIDIA GPU found .* or plan it anywhere with DRY_RUN=1"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, dry_run=False), lambda message: None)
+    monkeypatch.setattr(gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(trtllm, "installed_trtllm_version", lambda: None)
+    with pytest.raises(SystemExit, match="tensorrt_llm is not installed; run it inside nvcr.io/nvidia/tritonserver"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, dry_run=False), lambda message: None)
+
+
+def test_the_quantize_step_must_fit_the_gpus(tmp_path, monkeypatch):
+    """Calibration holds the 16-bit model: Llama 3 8B (15 GiB) does not fit one 16 GiB GPU's usable 85 %."""
+    monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
+    monkeypatch.setattr(llmapi_flow, "visible_gpu_count", lambda: None)
+    with pytest.raises(SystemExit, match="does NOT fit"):
+        llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0))
+    assert llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0, tp=2)).quantization.fits
