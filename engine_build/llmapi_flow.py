@@ -79,7 +79,7 @@ SPECULATIVE_REFUSED = {
 # the value NVIDIA's reference page shows as the field's default in later releases (llmapi NGramDecodingConfig docs).
 NGRAM_MATCH_SIZE = 2
 # EAGLE-3 on 1.2.x: one-model (the drafter a submodule of the target) is EagleDecodingConfig's default
-# (eagle3_one_model=True, A); two-model paths cannot use the overlap scheduler (below).
+# (eagle3_one_model: Optional[bool] = True, A), written explicitly.
 EAGLE3_ONE_MODEL = True
 CANCELLATION_CHECK_PERIOD_MS = 100  # NVIDIA's model.py default (triton_config.cancellation_check_period_ms)
 VERSION_DIR_NOTE = ("Paths (model, tokenizer, speculative_config.speculative_model_dir, lora_config.lora_dir) are "
@@ -136,10 +136,10 @@ class Speculation:
 
     @property
     def drafts_in_executor(self) -> bool:
-        """Draft tokens made by the executor beside the target, not by a submodule of it: a draft model, two-model
-        EAGLE-3, or the n-gram pool (the "two model" path of TensorRT-LLM's speculative-decoding docs), which the
-        overlap scheduler does not support."""
-        return self.mode in ("draft_target", "ngram") or (self.mode == "eagle3" and not EAGLE3_ONE_MODEL)
+        """Draft tokens made by the executor beside the target (a draft model, or the n-gram pool: the "two model"
+        path of TensorRT-LLM's speculative-decoding docs), which the overlap scheduler does not support; one-model
+        EAGLE-3 (EAGLE3_ONE_MODEL) drafts inside the target."""
+        return self.mode in ("draft_target", "ngram")
 
 
 def speculation(args) -> Speculation:
@@ -242,7 +242,7 @@ def llm_arguments(*, profile: Profile, tp: int, pp: int, kv_cache_dtype: str, kv
         "max_beam_width": 1,
         "kv_cache_config": {
             "free_gpu_memory_fraction": kv_cache_fraction,
-            "enable_block_reuse": profile.enable_kv_cache_reuse or spec.mode == "draft_target",
+            "enable_block_reuse": profile.enable_kv_cache_reuse,
             "dtype": kv_cache_dtype,
         },
         "enable_chunked_prefill": profile.enable_chunked_context,
