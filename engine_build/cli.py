@@ -81,6 +81,9 @@ def cmd_quantize(args) -> None:
     if args.format == "hf":  # ENGINE=llmapi: ModelOpt's Hugging Face export, which TensorRT-LLM's PyTorch flow loads
         if args.quantization == "none":
             raise SystemExit("--format hf --quantization none: an unquantized model is served from its own HF folder")
+        if (args.tp, args.pp) != (1, 1) or args.dtype != "auto":
+            raise SystemExit("--format hf takes no --tp/--pp/--dtype: the Hugging Face export is one folder, in the "
+                             "checkpoint's dtype, that TensorRT-LLM's LLM shards at load (model.yaml's sizes)")
         quantize_modelopt_hf(args.hf_model, args.out, args.quantization, calib_texts=calib,
                              kv_cache_dtype=args.kv_cache_dtype)
         return

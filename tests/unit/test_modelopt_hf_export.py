@@ -55,6 +55,9 @@ def test_the_cli_refuses_what_the_formats_do_not_hold(one_layer, tmp_path):
     with pytest.raises(SystemExit, match="--format hf --quantization none"):
         cli.main(["quantize", "--format", "hf", "--quantization", "none", "--hf-model", str(one_layer),
                   "--out", str(tmp_path / "x")])
+    with pytest.raises(SystemExit, match="--format hf takes no --tp/--pp/--dtype"):
+        cli.main(["quantize", "--format", "hf", "--tp", "2", "--hf-model", str(one_layer),
+                  "--out", str(tmp_path / "x")])
     with pytest.raises(SystemExit, match="--quantization fp8 is for --format hf"):
         cli.main(["quantize", "--quantization", "fp8", "--hf-model", str(one_layer), "--out", str(tmp_path / "x")])
     with pytest.raises(QuantizationError, match="quantization 'int8' is none of"):
