@@ -532,5 +532,6 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
             log.info("LoRA: prefetched tasks %s from %s", task_ids, settings.lora_prefetch_dir)
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
+                  reuse=PrefixCacheLimits() if settings.kv_cache_reuse else None,
                   max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope,
                   adapters=adapters, lora_slot=lora_slot, on_iteration=on_iteration, ngram=settings.ngram)

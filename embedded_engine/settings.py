@@ -36,5 +36,7 @@ class EngineSettings:
     max_lora_rank: int = 64
     lora_cache_host_memory_bytes: int = 1 << 30
     lora_prefetch_dir: str | None = None
+    # KV-cache reuse across requests (embedded_engine.prefix_cache), as TensorRT-LLM's enable_block_reuse.
+    kv_cache_reuse: bool = True
     # NGram speculative decoding (embedded_engine.ngram): drafts from the sequence itself at every decode step.
     ngram: NGramDrafting | None = None
