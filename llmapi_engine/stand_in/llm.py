@@ -54,7 +54,7 @@ from llmapi_engine.stand_in.sampling_params import GuidedDecodingParams, Samplin
 
 # SamplingParams fields the embedded engine does not sample with: set to anything but their default, refused.
 UNSUPPORTED_SAMPLING = (
-    "embedding_bias", "logits_processor", "apply_batched_logits_processor", "top_p_min", "top_p_reset_ids",
+    "logits_processor", "apply_batched_logits_processor", "top_p_min", "top_p_reset_ids",
     "top_p_decay", "prompt_ignore_length", "no_repeat_ngram_size", "min_p", "beam_width_array", "prompt_logprobs",
     "return_encoder_output", "additional_model_outputs", "lookahead_config", "truncate_prompt_tokens",
 )
@@ -106,7 +106,7 @@ class LLM:
         self._workspace = tempfile.TemporaryDirectory(suffix="-llm-workspace")
         self._grammars = None
         if args.get("guided_decoding_backend") == "xgrammar":
-            from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
+            from embedded_engine.xgrammar_info import write_xgrammar_tokenizer_info
 
             info = write_xgrammar_tokenizer_info(Path(tokenizer or model), Path(self._workspace.name) / "xgrammar.json")
             self._grammars = GrammarCache(info, self._engine.limits.vocab_size)
@@ -172,6 +172,9 @@ class LLM:
         limits: EngineLimits = self._engine.limits
         if not prompt:
             raise ValueError("The prompt is empty")
+        if params.embedding_bias is not None and len(params.embedding_bias) != limits.vocab_size:
+            raise ValueError(f"SamplingParams.embedding_bias has {len(params.embedding_bias)} values, the vocabulary "
+                             f"{limits.vocab_size}")
         if max(prompt) >= limits.vocab_size or min(prompt) < 0:
             raise ValueError(f"Token ids must be in [0, {limits.vocab_size})")
         if params.max_tokens <= 0:
@@ -189,10 +192,13 @@ class LLM:
                 presence_penalty=params.presence_penalty or 0.0, frequency_penalty=params.frequency_penalty or 0.0,
                 seed=params.seed or 0, min_tokens=params.min_tokens or 0,
                 bad_words=WordList(tuple(tuple(w) for w in params._get_bad_words())),
+                embedding_bias=None if params.embedding_bias is None else np.asarray(params.embedding_bias, np.float32),
             ),
-            end_id=None if params.ignore_eos else params.end_id,
+            # -1: no end token (the executor's "none"; ignore_eos makes the executor's end_id -1, base_worker.py).
+            end_id=None if params.ignore_eos or params.end_id == -1 else params.end_id,
             pad_id=params.pad_id,
-            stop_words=WordList(tuple(tuple(w) for w in params._get_stop_words())),
+            # ignore_eos drops the stop words too, as upstream's executor request (base_worker.py) does.
+            stop_words=WordList(() if params.ignore_eos else tuple(tuple(w) for w in params._get_stop_words())),
             streaming=streaming,
             exclude_input_in_output=True,
             return_log_probs=bool(params.logprobs),
