@@ -400,6 +400,8 @@ TENSORRT_LLM_HANDOFF = ModelContract(
 
 CONTRACTS: dict[str, ModelContract] = {
     "tensorrt_llm": TENSORRT_LLM,
+    # The llmapi flow's tensorrt_llm, under its template's name (model_repository/tensorrt_llm_llmapi).
+    "tensorrt_llm_llmapi": TENSORRT_LLM_LLMAPI,
     HANDOFF_MODEL: TENSORRT_LLM_HANDOFF,
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,

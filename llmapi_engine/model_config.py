@@ -9,6 +9,7 @@ kept). NVIDIA's model hands the file to `update_llm_args_with_extra_dict({}, ...
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,18 @@ class LlmModelConfig:
     @property
     def tokenizer_dir(self) -> Path:
         return Path(self.llm_args.get("tokenizer") or self.llm_args["model"])
+
+    def max_seq_len(self) -> int:
+        """Prompt plus output, at most: model.yaml's max_seq_len, else the checkpoint's max_position_embeddings
+        (what the PyTorch flow and the stand-in take when it is unset)."""
+        if self.llm_args.get("max_seq_len"):
+            return int(self.llm_args["max_seq_len"])
+        config = Path(self.llm_args["model"]) / "config.json"
+        try:
+            return int(json.loads(config.read_text())["max_position_embeddings"])
+        except (OSError, ValueError, KeyError) as error:
+            raise ModelConfigError(f"max_seq_len is unset in model.yaml and {config} does not say "
+                                   f"max_position_embeddings ({error!r})") from None
 
 
 def read_model_config(version_dir: Path) -> LlmModelConfig:

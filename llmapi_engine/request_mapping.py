@@ -135,12 +135,18 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
     return stop is not None and bool(np.asarray(stop).any())
 
 
-def map_request(inputs: dict[str, np.ndarray], tokenizer: TokenizerBundle, vocab_size: int,
+def map_request(inputs: dict[str, np.ndarray], tokenizer: TokenizerBundle, vocab_size: int, max_seq_len: int,
                 default_exclude_input: bool) -> list[LlmRequest]:
     """The LLM requests of one Triton request; InvalidRequest names the input of any problem."""
-    if TEXT_INPUT in inputs:
-        return [map_llmapi_request(inputs, tokenizer)]
-    return map_contract_request(inputs, tokenizer, vocab_size, default_exclude_input)
+    requests = [map_llmapi_request(inputs, tokenizer)] if TEXT_INPUT in inputs else \
+        map_contract_request(inputs, tokenizer, vocab_size, default_exclude_input)
+    for request in requests:
+        total = len(request.prompt_token_ids) + request.sampling["max_tokens"]
+        if total > max_seq_len:
+            field = "sampling_param_max_tokens" if request.text_api else "request_output_len"
+            raise InvalidRequest(field, f"input length {len(request.prompt_token_ids)} + {field} "
+                                        f"{request.sampling['max_tokens']} = {total} exceeds max_seq_len {max_seq_len}")
+    return requests
 
 
 def _refuse_unknown(inputs: dict[str, np.ndarray], taken: frozenset[str], other: frozenset[str], shape: str) -> None:
