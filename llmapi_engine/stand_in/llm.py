@@ -163,8 +163,10 @@ class LLM:
         for name in UNSUPPORTED_SAMPLING:
             if getattr(params, name) != getattr(defaults, name):
                 raise ValueError(f"SamplingParams.{name} is not supported by the stand-in")
-        if params.use_beam_search or params.n != 1 or params.best_of != 1:
-            raise ValueError("SamplingParams: the stand-in generates one sequence (n = best_of = 1, no beam search)")
+        for name, value, served in (("use_beam_search", params.use_beam_search, False), ("n", params.n, 1),
+                                    ("best_of", params.best_of, 1)):
+            if value != served:
+                raise ValueError(f"SamplingParams.{name}={value}: the stand-in generates one sequence, no beam search")
         if params.logprobs not in (None, 0, 1):
             raise ValueError(f"SamplingParams.logprobs={params.logprobs}: the stand-in returns the chosen token's only")
         if not params.exclude_input_from_output:

@@ -159,6 +159,12 @@ NEEDS_EMBEDDED_ENGINE = {
 NOT_ON_LLMAPI = {
     "test_draft_tokens_are_verified": "1.2.x's LLM API takes no draft tokens per request (draft_input_ids is refused "
                                       "by name there)",
+    "test_speculative_equals_plain_greedy": "draft-target rounds send draft_input_ids, which 1.2.x's LLM API does not "
+                                            "take (refused by name)",
+    "test_speculative_with_batch_of_two": "draft-target rounds send draft_input_ids, which 1.2.x's LLM API does not "
+                                          "take (refused by name)",
+    "test_draft_tokens_that_break_the_grammar_do_not_change_greedy_output": "draft-target rounds send "
+                                                                            "draft_input_ids (refused by name)",
     "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
                                                  "model's own: test_llmapi_cancellation.py)",
     "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
