@@ -24,7 +24,8 @@ TEST_PY := $(PY)
 TEST_SETUP := setup
 endif
 
-# What `make repo` builds. ENGINE=embedded (default, CPU) or ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x).
+# What `make repo` builds. ENGINE=embedded (default, CPU), ENGINE=trtllm (GPU, TensorRT-LLM 1.2.x engines) or
+# ENGINE=llmapi (TensorRT-LLM's LLM API on the PyTorch backend; without HF_MODEL, its CPU stand-in: docs/gpu.md).
 ENGINE ?= embedded
 REPO ?= build/model_repository
 ASSETS ?= build/assets
@@ -49,6 +50,14 @@ GUIDED_DECODING ?= xgrammar
 # ENGINE=trtllm sizing (engine_build/gpu_plan.py): PROFILE=throughput|latency, any single value overridable;
 # DRY_RUN=1 plans, renders and prints the commands without a GPU (GPU_MEM_GB=80 to plan for an 80 GB GPU).
 PROFILE ?= throughput
+# ENGINE=llmapi: QUANT=awq (W4A16 AWQ, default) or fp8; GPU_ARCH=ampere|ada|hopper|blackwell (or 8.9) plans for a GPU
+# that is not here (DRY_RUN); SPECULATIVE=ngram|eagle3|draft_target, EAGLE_DIR=<EAGLE-3 draft head>.
+QUANT ?= awq
+GPU_ARCH ?=
+SPECULATIVE ?=
+EAGLE_DIR ?=
+# Draft tokens a step verifies (a draft model, and ENGINE=llmapi's speculation); default 8.
+MAX_DRAFT_LEN ?=
 # SERVE_PATH=/models/llama3: where the repository will be served (the C++ backend opens gpt_model_path as given).
 SERVE_PATH ?=
 DRY_RUN ?=
@@ -105,7 +114,7 @@ help:
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
 	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
-	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
+	@echo "make repo    build the repository only (ENGINE=trtllm|llmapi HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
 	@echo "make rehearse   the README's container commands in a reproduction of the 26.07 image (root; make test runs it)"
 	@echo "make serve-only REPO=...   check, then serve an existing repository (builds nothing; docs/container.md)"
@@ -134,7 +143,8 @@ repo: setup
 	    --draft-quant $(DRAFT_QUANT) $(if $(LORA_DIR),--lora-dir $(LORA_DIR)) \
 	    --tp $(TP) --pp $(PP) $(if $(filter false,$(DECOUPLED)),--no-decoupled) \
 	    --query-special-tokens $(QUERY_SPECIAL_TOKENS) $(if $(filter false,$(EXCLUDE_INPUT_IN_OUTPUT)),--no-exclude-input-in-output) \
-	    $(SIZING)
+	    --quant $(QUANT) $(if $(GPU_ARCH),--gpu-arch $(GPU_ARCH)) $(if $(SPECULATIVE),--speculative $(SPECULATIVE)) \
+	    $(if $(EAGLE_DIR),--eagle-dir $(EAGLE_DIR)) $(if $(MAX_DRAFT_LEN),--max-draft-len $(MAX_DRAFT_LEN)) $(SIZING)
 
 # The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \

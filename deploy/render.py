@@ -4,7 +4,8 @@ build/k8s/, then validate what was rendered.
 What the repository decides is read from its repository.json, never from values: GPUs per pod (TP x PP of the
 engines, `world_size`), the path the engines were built to be served from (`serve_path`: TensorRT-LLM's backend
 opens gpt_model_path as written), and tritonserver's argv (serving.tritonserver.server_command, the one
-definition of how a repository is launched: mpirun with one rank per GPU, orchestrator mode for a draft).
+definition of how a repository is launched: mpirun with one rank per GPU, orchestrator mode for a draft; an LLM
+API repository (ENGINE=llmapi) runs one tritonserver whose LLM starts its TP x PP ranks).
 
 Validation (validate()): every core object against Kubernetes' OpenAPI schemas (kubernetes-validate, strict: an
 unknown field is an error); the Prometheus Operator objects against their CRDs' schemas where a folder of CRD
@@ -33,6 +34,7 @@ from serving.tritonserver import (
     CONTAINER_TRITONSERVER,
     ORCHESTRATOR_ENVIRONMENT,
     ServerPorts,
+    llm_spawns_ranks,
     needs_orchestrator,
     server_command,
 )
@@ -57,10 +59,12 @@ class RenderError(ValueError):
 
 @dataclass(frozen=True)
 class RepositoryFacts:
-    engine: str  # trtllm | embedded
-    world_size: int  # GPUs per pod (TP x PP) for trtllm
+    engine: str  # trtllm | embedded | llmapi
+    world_size: int  # GPUs per pod (TP x PP) for trtllm and llmapi on TensorRT-LLM
     serve_path: str
     orchestrator: bool
+    llm_spawns_ranks: bool  # llmapi: one tritonserver, the LLM starts its own ranks
+    gpu: bool  # TensorRT-LLM serves it (trtllm, or llmapi with llm tensorrt_llm; not its CPU stand-in)
     engine_models: tuple[str, ...]
     digest: str  # sha256 of repository.json (which holds every file's sha256): changes with any file
 
@@ -85,6 +89,8 @@ class RepositoryFacts:
             world_size=int(manifest.get("world_size", 1)),
             serve_path=str(serve_path),
             orchestrator=needs_orchestrator(manifest),
+            llm_spawns_ranks=llm_spawns_ranks(manifest),
+            gpu=engine == "trtllm" or (engine == "llmapi" and manifest.get("llm") == "tensorrt_llm"),
             engine_models=("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",),
             digest=hashlib.sha256(raw).hexdigest(),
         )
@@ -135,14 +141,15 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
     triton_command = server_command(
         Path(facts.serve_path), ports, address="0.0.0.0", world_size=facts.world_size,
         engine_model_names=facts.engine_models, orchestrator=facts.orchestrator,
-        extra_args=tuple(v["triton"]["extraArgs"]), install=CONTAINER_TRITONSERVER, gpu=facts.engine == "trtllm")
+        extra_args=tuple(v["triton"]["extraArgs"]), install=CONTAINER_TRITONSERVER, gpu=facts.gpu,
+        llm_spawns_ranks=facts.llm_spawns_ranks)
     # The pod's grace period is built around exitTimeoutSeconds, not server_command's local default.
     triton_command = [f"--exit-timeout-secs={v['triton']['exitTimeoutSeconds']}"
                       if arg.startswith("--exit-timeout-secs=") else arg for arg in triton_command]
     triton_env = dict(ORCHESTRATOR_ENVIRONMENT) if facts.orchestrator else {}
     requests = dict(v["triton"]["resources"].get("requests", {}))
     limits = dict(v["triton"]["resources"].get("limits", {}))
-    if facts.engine == "trtllm":  # one GPU per rank; a GPU is requested by its limit
+    if facts.gpu:  # one GPU per rank; a GPU is requested by its limit
         limits["nvidia.com/gpu"] = facts.world_size
     api_command = [*API_ENTRYPOINT, "--triton-grpc", f"localhost:{ports.grpc}", "--host", "0.0.0.0",
                    "--port", str(v["api"]["port"]), "--model-name", v["api"]["modelName"], "--repo", facts.serve_path]

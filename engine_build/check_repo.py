@@ -29,7 +29,7 @@ from bls.model_parameters import parse_bool
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.token_text_classes import token_text_classes_for
-from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, TOPOLOGIES
+from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, LLMAPI_TEMPLATE, TOPOLOGIES
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     PYTHON_BACKEND_PARAMETER_READS,
@@ -49,6 +49,8 @@ CONTRACT_OF = {
     "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
     "tensorrt_llm_handoff": "tensorrt_llm_handoff",  # the engine's tensors plus its own stream-state output
 }
+# Engine models: the ones that may import the engine-only modules (engine_build/container_python.py).
+ENGINE_CONTRACTS = ("tensorrt_llm", LLMAPI_TEMPLATE)
 # Parameters of our Python models that name a path relative to the model's version folder, and the file it must hold.
 PYTHON_MODEL_PATHS = {"tokenizer_dir": ("tokenizer.json", "tokenizer.model"), "checkpoint_dir": ("config.json",)}
 # Parameters that name another model of the repository (the BLS's, the relays', the handoff's).
@@ -187,11 +189,15 @@ def _check_topology(models: dict[str, Model], manifest: dict, report: Report) ->
 
 
 def _check_lora(models: dict[str, Model], manifest: dict, report: Report) -> None:
-    from engine_build.lora import repository_problems
+    from engine_build.lora import name_table_problems, repository_problems
 
     engine = next((models[name] for name in ("tensorrt_llm_python", "tensorrt_llm") if name in models
                    and models[name].backend in ("python", "tensorrtllm")), None)
     if engine is None or "preprocessing" not in models:
+        return
+    if manifest.get("engine") == "llmapi":  # the adapters' folders: model.yaml's lora_config (_check_llmapi_model)
+        for problem in name_table_problems(manifest, models["preprocessing"].parameters.get("lora_adapters")):
+            report.fail(engine.name, problem)
         return
 
     def served_prefetch_dir(value: str) -> Path:
@@ -224,7 +230,7 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
     elif model.backend not in BACKENDS:
         report.fail(name, f"backend {model.backend!r} is none of {BACKENDS}")
         return
-    _check_tensors(model, report)
+    _check_tensors(model, manifest, report)
     _check_decoupled(model, manifest, report)
     if model.backend in ("python", "tensorrtllm"):
         if CONTAINER_BACKENDS.is_dir():
@@ -233,7 +239,9 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
         else:
             report.cannot_check(name, f"backend {model.backend} (no {CONTAINER_BACKENDS} here: not the container)")
     if model.backend == "python":
-        _check_python_model(model, models, report)
+        _check_python_model(model, models, report, engine_model=contract_of(model, manifest) in ENGINE_CONTRACTS)
+        if manifest.get("engine") == "llmapi" and name == "tensorrt_llm":
+            _check_llmapi_model(model, manifest, report)
     elif model.backend == "tensorrtllm":
         _check_tensorrtllm_model(model, manifest, report)
     elif model.backend == RELAY_BACKEND:
@@ -246,8 +254,16 @@ def _check_model(model: Model, models: dict[str, Model], manifest: dict, report:
 
 # ---- tensors -------------------------------------------------------------------------------------------------------
 
-def _check_tensors(model: Model, report: Report) -> None:
-    contract_name = CONTRACT_OF.get(model.name)
+def contract_of(model: Model, manifest: dict) -> str | None:
+    """The contract (bls/contract.py) a model of ours answers to: CONTRACT_OF's, but the LLM API's tensorrt_llm, which
+    answers to its template's (ENGINE=llmapi: engine_build/topology.py LLMAPI_TEMPLATE)."""
+    if manifest.get("engine") == "llmapi" and model.name == "tensorrt_llm":
+        return LLMAPI_TEMPLATE
+    return CONTRACT_OF.get(model.name)
+
+
+def _check_tensors(model: Model, manifest: dict, report: Report) -> None:
+    contract_name = contract_of(model, manifest)
     if contract_name is None:
         report.fail(model.name, "a model this repository's contracts (bls/contract.py) do not know")
         return
@@ -406,7 +422,7 @@ def _check_ensemble(model: Model, models: dict[str, Model], report: Report) -> N
 
 # ---- Python models -------------------------------------------------------------------------------------------------
 
-def _check_python_model(model: Model, models: dict[str, Model], report: Report) -> None:
+def _check_python_model(model: Model, models: dict[str, Model], report: Report, engine_model: bool) -> None:
     version_dir = model.directory / "1"
     if not (version_dir / "model.py").is_file():
         report.fail(model.name, "backend python needs 1/model.py: missing")
@@ -432,7 +448,6 @@ def _check_python_model(model: Model, models: dict[str, Model], report: Report) 
         for problem in xgrammar_file_problems(version_dir / info, f"1/{info}"):
             report.fail(model.name, problem)
     _check_named_models(model, models, report)
-    engine_model = CONTRACT_OF.get(model.name) == "tensorrt_llm"
     for problem in python_import_problems(version_dir, engine_model):
         report.fail(model.name, problem)
 
@@ -514,6 +529,118 @@ def _imports(tree: ast.AST):
 def _catches_import_error(handler: ast.ExceptHandler) -> bool:
     names = {n.id for n in ast.walk(handler.type) if isinstance(n, ast.Name)} if handler.type else set()
     return bool(names & {"ImportError", "ModuleNotFoundError"})
+
+
+# ---- the tensorrt_llm model on the LLM API (ENGINE=llmapi) ----------------------------------------------------------
+
+def _check_llmapi_model(model: Model, manifest: dict, report: Report) -> None:
+    """model.yaml against TensorRT-LLM 1.2.x's LLM() arguments (engine_build/upstream_llm_args.py), its triton_config
+    against config.pbtxt, the `llm` it runs against repository.json, and the folders its paths name: the checkpoint
+    (ModelOpt's Hugging Face export: config.json, hf_quant_config.json, weights), the speculative model, the LoRA
+    adapters. Paths are relative to tensorrt_llm/1/ (the model resolves them there)."""
+    from engine_build.llmapi_flow import LLM_STAND_IN, LLM_TENSORRT_LLM, QUANT_SUPPORT
+    from engine_build.upstream_llm_args import llm_args_problems
+
+    name, version_dir = model.name, model.directory / "1"
+    llm = model.parameters.get("llm")
+    if llm not in (LLM_TENSORRT_LLM, LLM_STAND_IN):
+        report.fail(name, f"parameter llm {llm!r} is neither {LLM_TENSORRT_LLM!r} nor {LLM_STAND_IN!r}")
+    elif llm != manifest.get("llm"):
+        report.fail(name, f"parameter llm {llm!r}, but {MANIFEST} records llm {manifest.get('llm')!r}")
+    try:
+        from engine_build.llmapi_yaml import MODEL_YAML, read_model_yaml
+    except ImportError as error:  # check-repo needs no set-up; PyYAML is the engine extra's (and the container's)
+        report.cannot_check(name, f"1/model.yaml (PyYAML is not importable here: {error})")
+        return
+    if not (version_dir / MODEL_YAML).is_file():
+        report.fail(name, f"1/{MODEL_YAML} is missing: the model has no LLM() arguments to load")
+        return
+    try:
+        document = read_model_yaml(version_dir)
+    except Exception as error:  # noqa: BLE001 - yaml.YAMLError or a read error: either fails the load
+        report.fail(name, f"1/{MODEL_YAML} does not parse: {error}")
+        return
+    problems, unverified = llm_args_problems(document)
+    for problem in problems:
+        report.fail(name, f"1/{MODEL_YAML} {problem}")
+    for item in unverified:
+        report.cannot_check(name, f"1/{MODEL_YAML} {item}")
+    if problems:
+        return
+    triton = document["triton_config"]
+    if "decoupled" in triton and triton["decoupled"] != model.decoupled:
+        report.fail(name, f"1/{MODEL_YAML} triton_config.decoupled {triton['decoupled']} differs from config.pbtxt's "
+                          f"decoupled {model.decoupled} (Triton applies the config's: auto-complete is off)")
+    batch = int(first(model.config, "max_batch_size", 0))
+    if "max_batch_size" in triton and triton["max_batch_size"] != batch:
+        report.fail(name, f"1/{MODEL_YAML} triton_config.max_batch_size {triton['max_batch_size']} differs from "
+                          f"config.pbtxt's max_batch_size {batch}")
+    ranks = document.get("tensor_parallel_size", 1) * document.get("pipeline_parallel_size", 1)
+    if ranks != int(manifest.get("world_size", 1)):
+        report.fail(name, f"1/{MODEL_YAML} tensor_parallel_size x pipeline_parallel_size = {ranks}, but "
+                          f"{MANIFEST} records world_size {manifest.get('world_size', 1)} (what the launch starts)")
+    adapters = sorted(manifest.get("lora_adapters") or [], key=lambda adapter: adapter["task_id"])
+    lora = document.get("lora_config") or {}
+    named = [Path(folder).name for folder in lora.get("lora_dir", [])]
+    if named != [adapter["name"] for adapter in adapters]:
+        report.fail(name, f"1/{MODEL_YAML} lora_config.lora_dir names {named}, but {MANIFEST} records the adapters "
+                          f"{[adapter['name'] for adapter in adapters]} (task ids 1, 2, ... in that order)")
+    too_big = [adapter["name"] for adapter in adapters if adapter["rank"] > lora.get("max_lora_rank", 64)]
+    if too_big:
+        report.fail(name, f"1/{MODEL_YAML} lora_config.max_lora_rank {lora.get('max_lora_rank', 64)} is below the "
+                          f"rank of {too_big}")
+    built = manifest.get("engines_built", True)
+    if not built:
+        report.cannot_check(name, "the checkpoint and the speculative model (a dry run exports none)")
+    for key, folder, wanted in _llmapi_paths(document):
+        if not folder:
+            report.fail(name, f"1/{MODEL_YAML} {key} is missing: speculative_config's decoding_type "
+                              f"{document['speculative_config']['decoding_type']} needs a draft model")
+            continue
+        if Path(folder).is_absolute():
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r} is absolute: paths are relative to tensorrt_llm/1/ "
+                              "(the model resolves them there; the repository must stay relocatable)")
+            continue
+        if not built and key in ("model", "speculative_config.speculative_model_dir"):
+            continue
+        path = version_dir / folder
+        missing = [file for file in wanted if not (path / file).is_file()]
+        if not path.is_dir():
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r}: no such folder under 1/")
+        elif missing:
+            report.fail(name, f"1/{MODEL_YAML} {key} {folder!r} lacks {missing}")
+        elif key == "model":
+            if not any(path.glob("*.safetensors")):
+                report.fail(name, f"1/{MODEL_YAML} model {folder!r} holds no *.safetensors weights")
+            _check_quant_config(name, path / "hf_quant_config.json", manifest, report,
+                                {algo for algo, *_ in QUANT_SUPPORT.values()})
+
+
+def _llmapi_paths(document: dict) -> list[tuple[str, str | None, tuple[str, ...]]]:
+    """(key, folder (None: not given), files it must hold) of every path model.yaml names."""
+    paths = [("model", document["model"], ("config.json", "hf_quant_config.json"))]
+    speculative = document.get("speculative_config") or {}
+    if speculative.get("decoding_type") in ("Eagle", "Eagle3", "DraftTarget"):
+        paths.append(("speculative_config.speculative_model_dir", speculative.get("speculative_model_dir"),
+                      ("config.json",)))
+    for folder in (document.get("lora_config") or {}).get("lora_dir", []):
+        paths.append(("lora_config.lora_dir", folder, ("adapter_config.json",)))
+    return paths
+
+
+def _check_quant_config(name: str, path: Path, manifest: dict, report: Report, loadable: set[str]) -> None:
+    """ModelOpt's hf_quant_config.json, as TensorRT-LLM's _torch/model_config.py reads it: quantization.quant_algo."""
+    try:
+        algo = json.loads(path.read_text())["quantization"]["quant_algo"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        report.fail(name, f"{path.name} has no readable quantization.quant_algo ({error!r})")
+        return
+    if algo not in loadable:
+        report.fail(name, f"{path.name} quant_algo {algo!r} is none this build serves ({sorted(loadable)})")
+    planned = (manifest.get("plan") or {}).get("quant_algo")
+    if planned and planned != algo:
+        report.fail(name, f"{path.name} quant_algo {algo!r}, but the repository was planned for {planned!r} (the GPU "
+                          "check of make repo was for that one)")
 
 
 # ---- the tensorrtllm C++ backend -----------------------------------------------------------------------------------

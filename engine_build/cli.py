@@ -75,12 +75,20 @@ def cmd_assets(args) -> None:
 
 
 def cmd_quantize(args) -> None:
-    from engine_build.quantize import export_unquantized, quantize_awq
+    from engine_build.quantize import export_unquantized, quantize_awq, quantize_modelopt_hf
 
+    calib = args.calib.read_text().split("\n\n") if args.calib else None
+    if args.format == "hf":  # ENGINE=llmapi: ModelOpt's Hugging Face export, which TensorRT-LLM's PyTorch flow loads
+        if args.quantization == "none":
+            raise SystemExit("--format hf --quantization none: an unquantized model is served from its own HF folder")
+        quantize_modelopt_hf(args.hf_model, args.out, args.quantization, calib_texts=calib,
+                             kv_cache_dtype=args.kv_cache_dtype)
+        return
+    if args.quantization == "fp8":
+        raise SystemExit("--quantization fp8 is for --format hf (ENGINE=llmapi); the engine flow's checkpoint is AWQ")
     if args.quantization == "none":
         export_unquantized(args.hf_model, args.out, tp_size=args.tp, pp_size=args.pp)
         return
-    calib = args.calib.read_text().split("\n\n") if args.calib else None
     quantize_awq(args.hf_model, args.out, calib_texts=calib, tp_size=args.tp, pp_size=args.pp,
                  kv_cache_dtype=args.kv_cache_dtype, dtype=args.dtype)
 
@@ -97,6 +105,8 @@ def cmd_build(args) -> None:
 
 
 def cmd_assemble(args) -> None:
+    if args.engine == "llmapi":
+        raise SystemExit("--engine llmapi is assembled by `repo` (engine_build/llmapi_flow.py): it writes model.yaml")
     profile = _profile(args)
     settings = RepositorySettings(
         engine=args.engine, tokenizer_dir=args.tokenizer, target=args.target, draft=args.draft,
@@ -126,6 +136,12 @@ def cmd_repo(args) -> None:
             tokenizer, target, draft = paths["tokenizer"], paths["target_awq"], paths["draft_awq"]
         args.tokenizer, args.target, args.draft = tokenizer, target, draft
         cmd_assemble(args)
+        return
+
+    if args.engine == "llmapi":  # TensorRT-LLM's LLM API (PyTorch backend), or its CPU stand-in without HF_MODEL
+        from engine_build.llmapi_flow import build_llmapi_repository
+
+        build_llmapi_repository(args, _stage)
         return
 
     # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x (DRY_RUN=1: the plan, the configs and the commands only).
@@ -245,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("quantize", help="HF checkpoint -> AWQ int4 (or unquantized) TensorRT-LLM checkpoint")
     p.add_argument("--hf-model", type=Path, required=True)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--quantization", choices=("awq", "none"), default="awq")
+    p.add_argument("--quantization", choices=("awq", "fp8", "none"), default="awq",
+                   help="awq: W4A16 AWQ int4, group 128; fp8: per-tensor FP8 (--format hf only); none: unquantized")
+    p.add_argument("--format", choices=("trtllm", "hf"), default="trtllm",
+                   help="trtllm: TensorRT-LLM checkpoint for trtllm-build (ENGINE=trtllm); hf: ModelOpt's Hugging "
+                        "Face export with hf_quant_config.json, loaded by the LLM API's PyTorch flow (ENGINE=llmapi)")
     p.add_argument("--kv-cache-dtype", choices=("auto", "fp8"), default="auto",
                    help="fp8: FP8 KV-cache quantizers calibrated with the weights (Ada/Hopper GPUs)")
     p.add_argument("--calib", type=Path, help="calibration text file (paragraphs separated by blank lines)")
@@ -293,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     for name, func, help_text in (("assemble", cmd_assemble, "checkpoints/engines + configs -> repository"),
                                   ("repo", cmd_repo, "every stage, as `make repo`")):
         p = sub.add_parser(name, help=help_text)
-        p.add_argument("--engine", choices=("embedded", "trtllm"), default="embedded")
+        p.add_argument("--engine", choices=("embedded", "trtllm", "llmapi"), default="embedded",
+                       help="embedded (CPU), trtllm (TensorRT-LLM engines, C++ backend) or llmapi (TensorRT-LLM's LLM "
+                            "API on the PyTorch backend; without --hf-model, its CPU stand-in)")
         p.add_argument("--repo", type=Path, default=Path("build/model_repository"))
         p.add_argument("--synthetic", action="store_true", help="embedded engine emits tokens without a model")
         p.add_argument("--decoupled", action=argparse.BooleanOptionalAction, default=True,
@@ -339,6 +361,14 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--dry-run", action="store_true",
                            help="ENGINE=trtllm: plan, render and validate the repository, print the commands; no GPU")
             p.add_argument("--seed", type=int, default=0)
+            p.add_argument("--quant", default="awq",
+                           help="ENGINE=llmapi: awq (W4A16_AWQ, default; Ampere/Ada/Hopper) or fp8 (Ada/Hopper/"
+                                "Blackwell), ModelOpt's Hugging Face export; anything else is refused by name")
+            p.add_argument("--gpu-arch", help="ENGINE=llmapi without a GPU here (DRY_RUN): the GPU to plan for, "
+                                              "ampere|ada|hopper|blackwell or a compute capability such as 8.9")
+            p.add_argument("--speculative", help="ENGINE=llmapi: ngram, eagle3 (with --eagle-dir) or draft_target "
+                                                 "(with --draft-hf-model); lookahead and medusa are refused")
+            p.add_argument("--eagle-dir", type=Path, help="ENGINE=llmapi --speculative eagle3: the EAGLE-3 draft head")
         p.add_argument("--bls-instances", type=int,
                        help="tensorrt_llm_bls instances (default: streaming, one per 4 cores of this host, 1 to 8; "
                             "unary, one per core, 4 to 32)")

@@ -292,6 +292,24 @@ def base_llama_config(checkpoint: Path):
     return LlamaConfig.from_pretrained(str(checkpoint))
 
 
+def name_table_problems(manifest: dict, adapter_table_text: str | None) -> list[str]:
+    """preprocessing's adapter names (lora_adapters) against the adapters repository.json records, task ids unique."""
+    from bls.lora_names import parse_adapter_table
+
+    try:
+        table = parse_adapter_table(adapter_table_text)
+    except ValueError as error:
+        return [f"preprocessing: {error}"]
+    recorded = {adapter["name"]: adapter["task_id"] for adapter in manifest.get("lora_adapters") or []}
+    problems = []
+    if table != recorded:
+        problems.append(f"preprocessing's lora_adapters {table} differ from {recorded} in repository.json: names would "
+                        "select other adapters")
+    if len(set(recorded.values())) != len(recorded):
+        problems.append(f"two adapters share a task id: {recorded}")
+    return problems
+
+
 def repository_problems(manifest: dict, engine_backend: str, engine_params: dict[str, str],
                         served_prefetch_dir, adapter_table_text: str | None) -> list[str]:
     """What `make check-repo` finds wrong with a repository's LoRA adapters (engine_build/check_repo.py reports each
@@ -301,20 +319,8 @@ def repository_problems(manifest: dict, engine_backend: str, engine_params: dict
 
     `served_prefetch_dir(value)`: this repository's copy of the folder a lora_prefetch_dir value names (absolute for the
     C++ backend, relative to the version folder for the embedded engine)."""
-    from bls.lora_names import parse_adapter_table
-
     adapters = manifest.get("lora_adapters") or []
-    problems = []
-    try:
-        table = parse_adapter_table(adapter_table_text)
-    except ValueError as error:
-        return [f"preprocessing: {error}"]
-    recorded = {adapter["name"]: adapter["task_id"] for adapter in adapters}
-    if table != recorded:
-        problems.append(f"preprocessing's lora_adapters {table} differ from {recorded} in repository.json: names would "
-                        "select other adapters")
-    if len(set(recorded.values())) != len(recorded):
-        problems.append(f"two adapters share a task id: {recorded}")
+    problems = name_table_problems(manifest, adapter_table_text)
     prefetch_value = engine_params.get("lora_prefetch_dir", "")
     if not adapters:
         return problems

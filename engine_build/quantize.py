@@ -19,8 +19,16 @@ DEFAULT_CALIBRATION_FILE = Path(__file__).parent / "data" / "calibration.txt"
 SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
 # TensorRT-LLM's quantize.py caps AWQ calibration at 32 samples; more only costs time.
 MAX_CALIB_SAMPLES = 32
+# What a Hugging Face export carries besides the weights so that TensorRT-LLM's LLM(model=dir) finds its tokenizer.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "tokenizer.model")
 MAX_CALIB_TOKENS = 512
 CALIB_SEPARATOR = "\n----\n"
+# The quantizations of ModelOpt's Hugging Face export (ENGINE=llmapi) and the quant_algo each writes into
+# hf_quant_config.json, which TensorRT-LLM's PyTorch flow reads (_torch/model_config.py, shared/reference/llmapi-1.2.md
+# section 5; engine_build/llmapi_flow.py says on which GPUs each loads).
+MODELOPT_ALGORITHMS = {"awq": "W4A16_AWQ", "fp8": "FP8"}
+HF_QUANT_CONFIG = "hf_quant_config.json"
 
 
 class QuantizationError(RuntimeError):
@@ -115,6 +123,16 @@ def awq_calibrated_model(
 ):
     """The HF model with modelopt's fake-quant AWQ int4 weights (the state the export packs); with
     kv_cache_dtype "fp8", FP8 quantizers calibrated on the KV cache too."""
+    return calibrated_model(hf_dir, calib_texts, device, "awq", group_size=group_size, kv_cache_dtype=kv_cache_dtype)
+
+
+def calibrated_model(
+    hf_dir: Path, calib_texts: list[str], device: str, algorithm: str, *, group_size: int = 128,
+    kv_cache_dtype: str = "auto"
+):
+    """The HF model with modelopt's fake-quant weights of `algorithm` (MODELOPT_ALGORITHMS: awq = INT4_AWQ_CFG,
+    fp8 = FP8_DEFAULT_CFG, per-tensor FP8 weights and activations), calibrated on calib_texts; with kv_cache_dtype
+    "fp8", FP8 quantizers calibrated on the KV cache too."""
     import modelopt.torch.quantization as mtq
     import torch
     from tqdm import tqdm
@@ -138,17 +156,23 @@ def awq_calibrated_model(
 
     def forward_loop(m) -> None:
         with torch.no_grad():
-            for ids in tqdm(batches, desc="[quantize] AWQ calibration", file=sys.stderr):
+            for ids in tqdm(batches, desc="[quantize] calibration", file=sys.stderr):
                 m(ids, logits_to_keep=1)  # lm_head is not quantized: skip 128k-wide logits
 
-    config = copy.deepcopy(mtq.INT4_AWQ_CFG)
-    config["quant_cfg"]["*weight_quantizer"]["block_sizes"][-1] = group_size
+    if algorithm == "awq":
+        config = copy.deepcopy(mtq.INT4_AWQ_CFG)
+        config["quant_cfg"]["*weight_quantizer"]["block_sizes"][-1] = group_size
+    elif algorithm == "fp8":
+        config = copy.deepcopy(mtq.FP8_DEFAULT_CFG)
+    else:
+        raise QuantizationError(f"quantization {algorithm!r} is none of {sorted(MODELOPT_ALGORITHMS)}")
     if kv_cache_dtype == "fp8":
         # modelopt's own FP8 KV-cache quantizers (the attention's k/v bmm inputs, e4m3), calibrated with the
         # weights; the export then writes kv_cache_quant_algo FP8, which trtllm-build reads.
         config["quant_cfg"].update(
             {key: value for key, value in mtq.FP8_KV_CFG["quant_cfg"].items() if key != "default"})
-    _log(f"AWQ int4 (group {group_size}) on {device}: {len(batches)} calibration samples, "
+    described = f"AWQ int4 (group {group_size})" if algorithm == "awq" else "FP8 (per-tensor)"
+    _log(f"{described} on {device}: {len(batches)} calibration samples, "
          f"{sum(b.shape[1] for b in batches)} tokens")
     start = time.perf_counter()
     model = mtq.quantize(model, config, forward_loop)
@@ -245,3 +269,53 @@ def export_unquantized(hf_dir: Path, out_dir: Path, *, tp_size: int = 1, pp_size
     model = LlamaForCausalLM.from_pretrained(str(hf_dir), dtype="auto").eval()
     return export_trtllm_checkpoint(model, hf_config, out_dir, tp_size=tp_size, pp_size=pp_size,
                                     dtype=export_dtype(hf_config))
+
+
+def quantize_modelopt_hf(
+    hf_dir: Path,
+    out_dir: Path,
+    algorithm: str,
+    *,
+    calib_texts: list[str] | None = None,
+    group_size: int = 128,
+    device: str | None = None,
+    kv_cache_dtype: str = "auto",
+) -> Path:
+    """An HF LlamaForCausalLM dir as ModelOpt's Hugging Face export in out_dir: the quantized weights, config.json
+    (with its quantization_config) and hf_quant_config.json (quant_algo W4A16_AWQ or FP8), the format TensorRT-LLM's
+    PyTorch flow loads (ENGINE=llmapi), plus the tokenizer's files, so that the folder is LLM(model=...)'s whole
+    input as TensorRT-LLM's examples/quantization/quantize.py leaves it. The same calibration as the engine flow's
+    (calibrated_model); the unquantized tensors in the checkpoint's 16-bit dtype (export_dtype: float16 for a
+    float32 checkpoint such as the tiny default)."""
+    import shutil
+
+    import torch
+    from modelopt.torch.export import export_hf_checkpoint
+
+    hf_dir, out_dir = Path(hf_dir), Path(out_dir)
+    if algorithm not in MODELOPT_ALGORITHMS:
+        raise QuantizationError(f"quantization {algorithm!r} is none of {sorted(MODELOPT_ALGORITHMS)}")
+    hf_config = check_hf_checkpoint(hf_dir, group_size if algorithm == "awq" else 1)
+    dtype = getattr(torch, export_dtype(hf_config))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    texts = calib_texts if calib_texts is not None else read_calibration_texts()
+    model = calibrated_model(hf_dir, texts, device, algorithm, group_size=group_size, kv_cache_dtype=kv_cache_dtype)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    start = time.perf_counter()
+    # modelopt 0.37's export_hf_checkpoint writes the unquantized tensors in the model's own dtype whatever its dtype
+    # argument says (seen with the float32 tiny model): cast first.
+    export_hf_checkpoint(model.to(dtype), dtype=dtype, export_dir=out_dir)
+    quant = json.loads((out_dir / HF_QUANT_CONFIG).read_text())["quantization"]
+    if quant.get("quant_algo") != MODELOPT_ALGORITHMS[algorithm]:
+        raise QuantizationError(f"{out_dir / HF_QUANT_CONFIG} says quant_algo {quant.get('quant_algo')!r}, not "
+                                f"{MODELOPT_ALGORITHMS[algorithm]!r}")
+    exported = json.loads((out_dir / "config.json").read_text())
+    if float(exported.get("rope_theta", 0)) != float(hf_config["rope_theta"]):
+        raise QuantizationError(f"exported rope_theta {exported.get('rope_theta')} differs from the checkpoint's "
+                                f"{hf_config['rope_theta']}")
+    for name in TOKENIZER_FILES:
+        if (hf_dir / name).is_file() and not (out_dir / name).exists():
+            shutil.copy2(hf_dir / name, out_dir / name)
+    _log(f"exported {out_dir} ({quant['quant_algo']}) in {time.perf_counter() - start:.1f} s")
+    return out_dir

@@ -39,6 +39,7 @@ from engine_build.topology import (
     BLS_PYTHON_MODEL,
     DRAFT_MODEL,
     HANDOFF_MODEL,
+    LLMAPI_TEMPLATE,
     TARGET_MODEL,
     Topology,
     repository_topology,
@@ -74,7 +75,8 @@ RELAY_VENDORED_INCLUDE = RELAY_DIR / "include"
 CONTAINER_INCLUDE = Path("/opt/tritonserver/include")
 RELAY_LIBRARY = "libtriton_llama3_relay.so"  # Triton finds a model's backend library in its version folder
 
-EngineKind = Literal["embedded", "trtllm"]
+EngineKind = Literal["embedded", "trtllm", "llmapi"]
+LLMAPI_DRAFT_DIR = "draft"  # tensorrt_llm/1/draft: the EAGLE-3 head or the draft model of speculative_config
 
 
 def default_bls_instance_count(relayed: bool, cpus: int | None = None) -> int:
@@ -190,6 +192,12 @@ class RepositorySettings:
     # engine); none leaves its three keys unset, as upstream's template does.
     guided_decoding: GuidedDecoding = "xgrammar"
     plan: dict | None = None  # the engine plan and capacity check of `make repo ENGINE=trtllm`, for the record
+    # ENGINE=llmapi: which LLM the tensorrt_llm model runs (tensorrt_llm: TensorRT-LLM's; stand_in: the embedded engine
+    # behind the LLM API's surface), model.yaml's LLM() arguments (paths relative to tensorrt_llm/1/), and the folder
+    # of speculative_config's model (EAGLE-3 head or draft), linked into tensorrt_llm/1/draft.
+    llm: str | None = None
+    llm_args: dict | None = None
+    speculative_model: Path | None = None
     # LoRA (engine_build/lora.py): one PEFT adapter per subfolder of lora_dir, checked against lora_base's config
     # (default: the target checkpoint's; ENGINE=trtllm: the HF checkpoint) and converted into the target engine's
     # prefetch folder; the engine takes ranks up to max_lora_rank (trtllm-build's --max_lora_rank default).
@@ -277,9 +285,12 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         # What the handoff tells the responses that need the stream state by (relay/handoff.h).
         write_token_text_classes(out / "postprocessing" / "1" / TOKENIZER_DIR, settings.skip_special_tokens,
                                  handoff_dir / "1" / TOKEN_TEXT_CLASSES_FILE)
-    for name in engine_models:
-        source = settings.target if name == TARGET_MODEL else settings.draft
-        _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
+    if settings.engine == "llmapi":
+        _write_llmapi_model(out, settings, adapters)
+    else:
+        for name in engine_models:
+            source = settings.target if name == TARGET_MODEL else settings.draft
+            _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
 
     _write_manifest(out, settings, adapters, topology)
     return out
@@ -533,6 +544,53 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         copy_engine(source, version_dir)
 
 
+def _write_llmapi_model(out: Path, settings: RepositorySettings, adapters: list[ConvertedAdapter]) -> None:
+    """tensorrt_llm on the LLM API: the template folder's model with the packages it imports, its config (the
+    parameter `llm` says which LLM it runs), the checkpoint (and speculative model) linked into its version folder,
+    the LoRA adapters' PEFT folders where model.yaml's lora_config names them (checked against the base by
+    _convert_adapters), and model.yaml, whose triton_config repeats the config's batch size and transaction policy
+    (NVIDIA's launch_triton_server.py disables auto-complete, so config.pbtxt is what Triton applies)."""
+    from engine_build.llmapi_flow import CANCELLATION_CHECK_PERIOD_MS, LLM_STAND_IN, LLM_TENSORRT_LLM, VERSION_DIR_NOTE
+    from engine_build.llmapi_yaml import MODEL_YAML, model_yaml_text
+
+    if settings.llm not in (LLM_TENSORRT_LLM, LLM_STAND_IN) or settings.llm_args is None:
+        raise RepositoryError(f"ENGINE=llmapi needs llm ({LLM_TENSORRT_LLM} or {LLM_STAND_IN}) and its LLM() "
+                              f"arguments; got llm={settings.llm!r}")
+    template = TEMPLATES / LLMAPI_TEMPLATE
+    if not (template / "config.pbtxt").is_file() or not (template / "1" / "model.py").is_file():
+        raise RepositoryError(f"{template} (config.pbtxt and 1/model.py: the tensorrt_llm model on the LLM API) is "
+                              "missing from this checkout")
+    vendored = ("bls", "llmapi_engine") + (("embedded_engine",) if settings.llm == LLM_STAND_IN else ())
+    # Its tensors: bls/contract.py's contract of the template's name (the C++ backend's, plus NVIDIA's llmapi names).
+    target = _write_model(out, TARGET_MODEL, source_name=LLMAPI_TEMPLATE, contract_name=LLMAPI_TEMPLATE,
+                          vendored=vendored, values={
+        "model_name": TARGET_MODEL,
+        "triton_max_batch_size": settings.triton_max_batch_size,
+        "decoupled_mode": settings.decoupled,
+        "max_queue_delay_microseconds": settings.max_queue_delay_microseconds,
+        "max_queue_size": settings.max_queue_size,
+        "exclude_input_in_output": settings.exclude_input_in_output,
+        "llm": settings.llm,
+    })
+    version_dir = target / "1"
+    if settings.engines_built:
+        _link_tree(Path(settings.target), version_dir / settings.llm_args["model"])
+        if settings.speculative_model is not None:
+            _link_tree(Path(settings.speculative_model), version_dir / LLMAPI_DRAFT_DIR)
+    lora_dirs = (settings.llm_args.get("lora_config") or {}).get("lora_dir", [])
+    if [Path(folder).name for folder in lora_dirs] != [adapter.name for adapter in adapters]:
+        raise RepositoryError(f"model.yaml's lora_config.lora_dir {lora_dirs} is not LORA_DIR's adapters "
+                              f"{[adapter.name for adapter in adapters]} in task-id order")
+    for folder in lora_dirs:
+        _link_files(Path(settings.lora_dir) / Path(folder).name, version_dir / folder)
+    triton_config = {
+        "max_batch_size": settings.triton_max_batch_size,
+        "decoupled": settings.decoupled,
+        "cancellation_check_period_ms": CANCELLATION_CHECK_PERIOD_MS,
+    }
+    (version_dir / MODEL_YAML).write_text(model_yaml_text(settings.llm_args, triton_config, VERSION_DIR_NOTE))
+
+
 def _embedded_lora_values(adapters: list[ConvertedAdapter], max_lora_rank: int) -> dict:
     """The embedded engine's LoRA parameters: what trtllm-build would be given (target modules, max rank) and the
     backend's cache keys; no adapters, no LoRA (empty target modules)."""
@@ -579,21 +637,26 @@ def _link_or_copy(source: Path, dest: Path) -> None:
         shutil.copy2(source, dest)
 
 
-def _link_tree(source: Path, dest: Path) -> None:
-    """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
-    if not (source / "config.json").is_file():
-        raise RepositoryError(f"{source} has no config.json: not a checkpoint")
+def _link_files(source: Path, dest: Path) -> None:
+    """Hard-link a folder's files (a copy where links are not possible)."""
     dest.mkdir(parents=True)
     for item in source.iterdir():
         if item.is_file():
             _link_or_copy(item, dest / item.name)
 
 
+def _link_tree(source: Path, dest: Path) -> None:
+    """Hard-link a checkpoint into the repository (a copy where links are not possible)."""
+    if not (source / "config.json").is_file():
+        raise RepositoryError(f"{source} has no config.json: not a checkpoint")
+    _link_files(source, dest)
+
+
 def variant_repository(base: Path, out: Path, **overrides) -> Path:
     """A repository built like `base` (its manifest's settings), with RepositorySettings fields overridden."""
     manifest = read_manifest(base)
     settings = {f.name: manifest[f.name] for f in dataclasses.fields(RepositorySettings) if f.name in manifest}
-    for key in ("tokenizer_dir", "target", "draft", "serve_path", "lora_dir", "lora_base"):
+    for key in ("tokenizer_dir", "target", "draft", "serve_path", "lora_dir", "lora_base", "speculative_model"):
         if settings.get(key) is not None:
             settings[key] = Path(settings[key])
     settings.update(overrides)

@@ -21,6 +21,9 @@ DRAFT_MODEL = "tensorrt_llm_draft"
 BLS_MODEL = "tensorrt_llm_bls"
 BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
 HANDOFF_MODEL = "tensorrt_llm_handoff"  # the ensemble's engine step in a streaming repository (relay/handoff.h)
+# ENGINE=llmapi: TARGET_MODEL is rendered from this template folder (model_repository/), a Python model on
+# TensorRT-LLM's LLM API, and answers to bls/contract.py's contract of this name.
+LLMAPI_TEMPLATE = "tensorrt_llm_llmapi"
 
 
 @dataclass(frozen=True)

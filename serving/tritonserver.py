@@ -125,8 +125,14 @@ def server_command(
     extra_args: tuple[str, ...] = (),
     install: TritonInstall | None = None,
     gpu: bool | None = None,
+    llm_spawns_ranks: bool = False,
 ) -> list[str]:
     """tritonserver's argv, launched as TensorRT-LLM's launch_triton_server.py launches it.
+
+    llm_spawns_ranks (an LLM API repository, ENGINE=llmapi): one tritonserver whatever TP x PP; with world_size > 1 it
+    runs as the single rank of `mpirun -n 1`, as NVIDIA's docs/llmapi.md launches it (launch_triton_server.py
+    --model_repo=... at its default --world_size 1, TP and PP set in model.yaml), and the LLM spawns its TP x PP
+    workers itself (the llmapi model passes no MPI session when COMM_WORLD has one rank, so LLM() starts a pool).
 
     Leader mode (one TensorRT-LLM model): MPI world size = TP x PP, one tritonserver per rank; ranks > 0
     load only the engine. Orchestrator mode (several TensorRT-LLM models, e.g. a target and its draft;
@@ -161,6 +167,8 @@ def server_command(
             args += ["--model-control-mode=explicit"] + [f"--load-model={name}" for name in engine_model_names]
         return args + list(extra_args)
 
+    if llm_spawns_ranks:
+        return ["mpirun", "--allow-run-as-root", "-n", "1", *rank_args(0)] if world_size > 1 else rank_args(0)
     if orchestrator:
         pools = [f"--cuda-memory-pool-byte-size={gpu}:0" for gpu in range(world_size)]
         gpu_only = ["--pinned-memory-pool-byte-size=0", "--enable-peer-access=false", *pools] if gpu else []
@@ -213,6 +221,11 @@ def http_queue_warning() -> str | None:
 
 # Upstream's --multi-model: the tensorrtllm backend runs as orchestrator and spawns its worker processes.
 ORCHESTRATOR_ENVIRONMENT = {"TRTLLM_ORCHESTRATOR": "1", "TRTLLM_ORCHESTRATOR_SPAWN_PROCESSES": "1"}
+
+
+def llm_spawns_ranks(manifest: dict) -> bool:
+    """An LLM API repository: its LLM starts its own TP x PP ranks (server_command)."""
+    return manifest.get("engine") == "llmapi"
 
 
 def needs_orchestrator(manifest: dict) -> bool:
@@ -317,7 +330,8 @@ def launch(repo: Path | str, ports: ServerPorts, address: str = "0.0.0.0", extra
     orchestrator = needs_orchestrator(manifest)
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
     command = server_command(repo, ports, address=address, world_size=int(manifest.get("world_size", 1)),
-                             engine_model_names=engines, orchestrator=orchestrator, extra_args=extra_args)
+                             engine_model_names=engines, orchestrator=orchestrator, extra_args=extra_args,
+                             llm_spawns_ranks=llm_spawns_ranks(manifest))
     env = server_environment(python)
     if orchestrator:
         env.update(ORCHESTRATOR_ENVIRONMENT)

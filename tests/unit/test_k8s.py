@@ -84,6 +84,25 @@ def test_a_gpu_repository_asks_for_its_tp_times_pp_gpus_and_is_served_from_its_b
     assert mounts == {"model-repository": "/models/llama3-70b", "dshm": "/dev/shm"}
 
 
+def test_an_llmapi_repository_asks_for_tp_times_pp_gpus_and_runs_one_tritonserver(tmp_path):
+    """ENGINE=llmapi on TensorRT-LLM: the LLM starts its own ranks under one tritonserver (serving.tritonserver
+    server_command), from a relocatable repository (no serve path needed); its CPU stand-in asks for no GPU."""
+    repo = repository(tmp_path, engine="llmapi", llm="tensorrt_llm", world_size=4)
+    files = render(repo, load_values([], []))
+    assert validate(files) == []
+    triton = container(objects(files)["Deployment"], "tritonserver")
+    assert triton["resources"]["limits"]["nvidia.com/gpu"] == 4
+    command = triton["command"]
+    assert command[:5] == ["mpirun", "--allow-run-as-root", "-n", "1", "/opt/tritonserver/bin/tritonserver"]
+    assert command.count("/opt/tritonserver/bin/tritonserver") == 1 and "--allow-gpu-metrics=false" not in command
+    assert "--model-repository=/models/model_repository" in command
+    stand_in = tmp_path / "stand-in"
+    stand_in.mkdir()
+    triton = container(objects(render(repository(stand_in, engine="llmapi", llm="stand_in"),
+                                      load_values([], [])))["Deployment"], "tritonserver")
+    assert "nvidia.com/gpu" not in triton["resources"]["limits"] and "mpirun" not in triton["command"]
+
+
 def test_a_repository_with_a_draft_runs_in_orchestrator_mode(tmp_path):
     repo = repository(tmp_path, engine="trtllm", world_size=2, serve_path="/models/r", draft="/build/draft")
     triton = container(objects(render(repo, load_values([], [])))["Deployment"], "tritonserver")
