@@ -4,7 +4,7 @@ Upstream: `BaseLLM.__init__` refuses any keyword that is not a TorchLlmArgs fiel
 `ValueError("LLM got invalid argument: <key>")`, and nested configs are strict (pydantic extra="forbid")
 (tensorrt_llm/llmapi/llm.py, llm_args.py; docs/llmapi.md's sources). TORCH_LLM_ARGS is the field list of both
 1.2-era llm_args.py read (A ∩ B in /work/shared/reference/llmapi-1.2.md); tests/unit/test_llmapi_stand_in.py holds it to
-the recorded one (tests/unit/upstream_llmapi.py).
+the recorded one (engine_build/upstream_llm_args.py, which check-repo checks model.yaml against).
 
 The stand-in honours what has a meaning on one CPU process (HONOURED); the rest configure a GPU (CUDA graphs, memory
 fractions, kernels, parallelism of 1) and have no effect here, which GPU_ONLY names; a value that would change what a
@@ -28,8 +28,8 @@ TORCH_LLM_ARGS = frozenset({
     "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config", "scheduler_config",
     "cache_transceiver_config", "sparse_attention_config", "speculative_config", "max_batch_size", "max_input_len",
     "max_seq_len", "max_beam_width", "max_num_tokens", "gather_generation_logits", "num_postprocess_workers",
-    "postprocess_tokenizer_dir", "reasoning_parser", "decoding_config", "mpi_session", "backend", "return_perf_metrics",
-    "orchestrator_type",
+    "postprocess_tokenizer_dir", "reasoning_parser", "decoding_config", "backend", "return_perf_metrics",
+    "orchestrator_type", "perf_metrics_max_requests",
     # TorchLlmArgs
     "garbage_collection_gen0_threshold", "cuda_graph_config", "attention_dp_config", "disable_overlap_scheduler",
     "moe_config", "attn_backend", "sampler_type", "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log",
@@ -38,8 +38,9 @@ TORCH_LLM_ARGS = frozenset({
     "force_dynamic_quantization", "allreduce_strategy", "checkpoint_loader", "checkpoint_format", "kv_connector_config",
     "mm_encoder_only",
 })
-# `_mpi_session` is the alias of the mpi_session field; `backend` is popped by _TorchLLM before the check.
-EXTRA_KEYWORDS = frozenset({"_mpi_session"})
+# The MPI session field (mpi_session, alias `_mpi_session`: what NVIDIA's model passes for a multi-rank world), taken
+# beside the fields a model.yaml may hold; `backend` is one of those (popped by _TorchLLM before the check).
+EXTRA_KEYWORDS = frozenset({"mpi_session", "_mpi_session"})
 
 HONOURED = frozenset({
     "model", "tokenizer", "max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config",

@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from engine_build import upstream_llm_args
 from llmapi_engine import stand_in
 from llmapi_engine.llm_api import LlmApi, LlmApiUnavailable, load_llm_api
 from llmapi_engine.model_config import LlmModelConfig
@@ -40,7 +41,7 @@ class RecordingLLM:
     def __init__(self, *args, **kwargs):
         assert not args, "LLM() is called by keyword"
         bound = signature(upstream.LLM_INIT).bind(**kwargs)
-        assert set(bound.arguments.get("kwargs", {})) <= upstream.TORCH_LLM_ARGS
+        assert set(bound.arguments.get("kwargs", {})) <= {arg.name for arg in upstream_llm_args.TORCH_LLM_ARGS}
         CALLS.append(("LLM", kwargs))
         self._llm = stand_in.LLM(**kwargs)
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine_build import upstream_llm_args
 from llmapi_engine import stand_in
 from llmapi_engine.stand_in import llm_args
 from llmapi_engine.stand_in.llm import LLM
@@ -50,10 +51,10 @@ def test_the_fields_and_defaults_are_upstreams():
     assert dataclass_fields(stand_in.LoRARequest) == upstream.LORA_REQUEST
     assert tuple(f.name for f in dataclasses.fields(CompletionOutput) if f.init) == upstream.COMPLETION_OUTPUT
     assert all(isinstance(getattr(CompletionOutput, name), property) for name in upstream.COMPLETION_OUTPUT_DIFFS)
-    assert llm_args.TORCH_LLM_ARGS == upstream.TORCH_LLM_ARGS
+    assert llm_args.TORCH_LLM_ARGS == {arg.name for arg in upstream_llm_args.TORCH_LLM_ARGS if arg.since == "A,B"}
     assert tuple(f.name for f in dataclasses.fields(llm_args.NGramDecodingConfig) if f.name != "decoding_type") == \
         upstream.NGRAM_DECODING_CONFIG
-    assert set(llm_args.HONOURED) <= upstream.TORCH_LLM_ARGS
+    assert set(llm_args.HONOURED) <= llm_args.TORCH_LLM_ARGS
 
 
 def test_sampling_params_fill_pad_id_and_best_of_as_upstream():

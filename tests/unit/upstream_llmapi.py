@@ -13,8 +13,7 @@ Read 2026-11-28 in the stored copies of NVIDIA/TensorRT-LLM (1.2.1's own tag is 
 - tensorrt_llm/executor/result.py read at 005bc84: CompletionOutput's fields (request_perf_metrics as NVIDIA's
   llmapi model reads it, @b35ac1b), Logprob(logprob, rank).
 - tensorrt_llm/executor/request.py@4ce835a: LoRARequest (llmapi-1.2.md §3).
-- tensorrt_llm/llmapi/llm_args.py: TorchLlmArgs' fields present in both 1.2-era versions read (A@7b437aa and
-  B@249aee7, llmapi-1.2.md §1).
+- TorchLlmArgs' fields: engine_build/upstream_llm_args.py (recorded once, for check-repo and the stand-in alike).
 - triton_backend/all_models/llmapi/tensorrt_llm/config.pbtxt: NVIDIA's llmapi model's inputs and outputs (read at
   0a71057, later than 1.2.1: its image_url and lora_* inputs are left out, as they are not in c8c6df0 nor documented
   at r26.07; llmapi-1.2.md §6).
@@ -57,23 +56,6 @@ COMPLETION_OUTPUT = ("index", "text", "token_ids", "cumulative_logprob", "logpro
 COMPLETION_OUTPUT_DIFFS = ("length", "text_diff", "token_ids_diff", "logprobs_diff")
 FINISH_REASONS = ("stop", "length", "timeout", "cancelled")
 
-TORCH_LLM_ARGS = frozenset({
-    "model", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code", "tensor_parallel_size",
-    "pipeline_parallel_size", "context_parallel_size", "dtype", "revision", "tokenizer_revision", "gpus_per_node",
-    "moe_cluster_parallel_size", "moe_tensor_parallel_size", "moe_expert_parallel_size", "enable_attention_dp",
-    "enable_lm_head_tp_in_adp", "cp_config", "load_format", "fail_fast_on_attention_window_too_large", "enable_lora",
-    "lora_config", "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend", "batched_logits_processor",
-    "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config", "scheduler_config",
-    "cache_transceiver_config", "sparse_attention_config", "speculative_config", "max_batch_size", "max_input_len",
-    "max_seq_len", "max_beam_width", "max_num_tokens", "gather_generation_logits", "num_postprocess_workers",
-    "postprocess_tokenizer_dir", "reasoning_parser", "decoding_config", "mpi_session", "backend",
-    "return_perf_metrics", "orchestrator_type", "garbage_collection_gen0_threshold", "cuda_graph_config",
-    "attention_dp_config", "disable_overlap_scheduler", "moe_config", "attn_backend", "sampler_type",
-    "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "batch_wait_timeout_ms",
-    "batch_wait_timeout_iters", "batch_wait_max_tokens_ratio", "torch_compile_config", "enable_autotuner",
-    "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval", "force_dynamic_quantization",
-    "allreduce_strategy", "checkpoint_loader", "checkpoint_format", "kv_connector_config", "mm_encoder_only",
-})
 NGRAM_DECODING_CONFIG = ("max_draft_len", "max_matching_ngram_size", "is_keep_all", "is_use_oldest", "is_public_pool")
 
 # NVIDIA's llmapi model: (name, data_type) of its inputs and outputs.
