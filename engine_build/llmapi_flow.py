@@ -28,9 +28,11 @@ from engine_build.gpu_plan import (
     GiB,
     ModelShape,
     Profile,
+    QuantizationMemory,
     gpu_compute_capability,
     gpu_memory_bytes,
     profile_with,
+    visible_gpu_count,
 )
 from engine_build.quantize import MODELOPT_ALGORITHMS
 from engine_build.repository import RepositoryError, RepositorySettings, assemble_repository
@@ -77,7 +79,7 @@ SPECULATIVE_REFUSED = {
 # the value NVIDIA's reference page shows as the field's default in later releases (llmapi NGramDecodingConfig docs).
 NGRAM_MATCH_SIZE = 2
 # EAGLE-3 on 1.2.x: one-model (the drafter a submodule of the target) is EagleDecodingConfig's default
-# (eagle3_one_model=True, A); two-model paths cannot use the overlap scheduler (below).
+# (eagle3_one_model: Optional[bool] = True, A), written explicitly.
 EAGLE3_ONE_MODEL = True
 CANCELLATION_CHECK_PERIOD_MS = 100  # NVIDIA's model.py default (triton_config.cancellation_check_period_ms)
 VERSION_DIR_NOTE = ("Paths (model, tokenizer, speculative_config.speculative_model_dir, lora_config.lora_dir) are "
@@ -134,10 +136,10 @@ class Speculation:
 
     @property
     def drafts_in_executor(self) -> bool:
-        """Draft tokens made by the executor beside the target, not by a submodule of it: a draft model, two-model
-        EAGLE-3, or the n-gram pool (the "two model" path of TensorRT-LLM's speculative-decoding docs), which the
-        overlap scheduler does not support."""
-        return self.mode in ("draft_target", "ngram") or (self.mode == "eagle3" and not EAGLE3_ONE_MODEL)
+        """Draft tokens made by the executor beside the target (a draft model, or the n-gram pool: the "two model"
+        path of TensorRT-LLM's speculative-decoding docs), which the overlap scheduler does not support; one-model
+        EAGLE-3 (EAGLE3_ONE_MODEL) drafts inside the target."""
+        return self.mode in ("draft_target", "ngram")
 
 
 def speculation(args) -> Speculation:
@@ -240,7 +242,7 @@ def llm_arguments(*, profile: Profile, tp: int, pp: int, kv_cache_dtype: str, kv
         "max_beam_width": 1,
         "kv_cache_config": {
             "free_gpu_memory_fraction": kv_cache_fraction,
-            "enable_block_reuse": profile.enable_kv_cache_reuse or spec.mode == "draft_target",
+            "enable_block_reuse": profile.enable_kv_cache_reuse,
             "dtype": kv_cache_dtype,
         },
         "enable_chunked_prefill": profile.enable_chunked_context,
@@ -279,6 +281,7 @@ class LlmapiPlan:
     pp: int
     capability: tuple[int, int] | None
     capacity: Capacity
+    quantization: QuantizationMemory
     target_hf: Path
     target_export: Path
     spec: Speculation
@@ -362,9 +365,14 @@ def plan(args) -> LlmapiPlan:
     if capacity.kv_cache_tokens < profile.max_seq_len:
         raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
                          "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
+    # The quantize step holds the whole 16-bit model on the GPUs this machine shows (a dry run: on TP x PP of them).
+    quantization = QuantizationMemory(model_bytes=target.checkpoint_bytes(),
+                                      gpus=visible_gpu_count() or args.tp * args.pp, gpu_memory_bytes=memory)
+    if not quantization.fits:
+        raise SystemExit(quantization.report())
     return LlmapiPlan(profile=profile, quant=quant, quant_algo=algo, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,
-                      pp=args.pp, capability=capability, capacity=capacity, target_hf=args.hf_model,
-                      target_export=args.assets / TARGET_EXPORT, spec=spec)
+                      pp=args.pp, capability=capability, capacity=capacity, quantization=quantization,
+                      target_hf=args.hf_model, target_export=args.assets / TARGET_EXPORT, spec=spec)
 
 
 def build_llmapi_repository(args, log) -> Path:
@@ -377,10 +385,12 @@ def build_llmapi_repository(args, log) -> Path:
     log(f"quantization {gpu_plan.quant_algo}" + (f" on compute capability {gpu_plan.capability[0]}."
                                                   f"{gpu_plan.capability[1]} ({arch_name(gpu_plan.capability)})"))
     log(gpu_plan.capacity.report())
+    log(gpu_plan.quantization.report())
     commands = gpu_plan.commands(args.repo.resolve())
     if args.dry_run:
         log("DRY_RUN: these are the commands a real run runs, in order:\n\n" + "\n\n".join(map(str, commands)) + "\n")
     else:
+        check_llmapi_environment(log)  # before an hour of quantization, not after
         _run(gpu_plan.build_commands(), log)
     profile = gpu_plan.profile
     settings = _settings(
@@ -392,8 +402,29 @@ def build_llmapi_repository(args, log) -> Path:
                                draft=DRAFT if gpu_plan.spec.draft_dir else None, lora=_lora(args)),
         plan={"profile": asdict(profile), "quant_algo": gpu_plan.quant_algo, "kv_cache_dtype": args.kv_cache_dtype,
               "tp": args.tp, "pp": args.pp, "compute_capability": list(gpu_plan.capability),
-              "capacity": gpu_plan.capacity.as_dict()})
+              "capacity": gpu_plan.capacity.as_dict(),
+              "quantization": {"model_gib": round(gpu_plan.quantization.model_bytes / GiB, 1),
+                               "gpus": gpu_plan.quantization.gpus}})
     return _assemble_and_check(args, settings, log)
+
+
+def check_llmapi_environment(log) -> None:
+    """A GPU and TensorRT-LLM here, or SystemExit naming what is missing (the container: TRITON_TRTLLM_CONTAINER). A
+    TensorRT-LLM other than 1.2.x is said, not refused: later containers keep the LLM API, but model.yaml was
+    checked against 1.2.x's arguments."""
+    from engine_build.gpu import gpu_available
+    from engine_build.trtllm import TRITON_TRTLLM_CONTAINER, TRTLLM_VERSION, installed_trtllm_version
+
+    hint = f"run it inside {TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {TRTLLM_VERSION}) with --gpus all"
+    if not gpu_available():
+        raise SystemExit(f"ENGINE=llmapi HF_MODEL=...: no NVIDIA GPU found (nvidia-smi / torch.cuda); {hint}, or "
+                         "plan it anywhere with DRY_RUN=1")
+    version = installed_trtllm_version()
+    if version is None:
+        raise SystemExit(f"ENGINE=llmapi HF_MODEL=...: tensorrt_llm is not installed; {hint}")
+    if not version.startswith(TRTLLM_VERSION.rsplit(".", 1)[0] + "."):
+        log(f"tensorrt_llm {version} is installed: model.yaml is checked against {TRTLLM_VERSION}'s LLM() arguments "
+            "(engine_build/upstream_llm_args.py); check-repo cannot vouch for a key this version renamed")
 
 
 def _build_stand_in(args, log) -> Path:

@@ -86,7 +86,7 @@ def trtllm_build_command(
     return command
 
 
-def _trtllm_version() -> str | None:
+def installed_trtllm_version() -> str | None:
     """Installed tensorrt_llm's version, found without importing it (the import needs libcuda)."""
     if importlib.util.find_spec("tensorrt_llm") is None:
         return None
@@ -101,7 +101,7 @@ def check_gpu_stage_environment() -> None:
     hint = f"run this stage inside {TRITON_TRTLLM_CONTAINER} (TensorRT-LLM {TRTLLM_VERSION}) with --gpus all"
     if not gpu_available():
         raise GpuStageError(f"no NVIDIA GPU found (nvidia-smi / torch.cuda): trtllm-build needs one; {hint}")
-    version = _trtllm_version()
+    version = installed_trtllm_version()
     if version is None:
         raise GpuStageError(f"tensorrt_llm is not installed; {hint}")
     if shutil.which("trtllm-build") is None:

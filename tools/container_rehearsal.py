@@ -40,9 +40,10 @@ STAGE = PROJECT / "build" / "rehearsal"
 README = PROJECT / "README.md"
 # The image's Python packages our models and make targets import (engine_build/container_python.py has each one's
 # build source): the versions its TensorRT-LLM 1.2.1 pins where the index has them; torch is this machine's CPU build.
+# pyyaml: the image's (a tensorrt_llm requirement; its version there was not read), at this project's pin.
 IMAGE_PACKAGES = ("numpy==1.26.4", "torch==2.13.0", "transformers==4.57.3", "tokenizers==0.22.1", "safetensors==0.7.0",
                   "huggingface_hub==0.36.2", "xgrammar==0.1.32", "jinja2==3.1.6", "protobuf==6.33.5",
-                  "nvidia-modelopt[torch]==0.37.0", "accelerate==1.11.0", "requests==2.32.5")
+                  "nvidia-modelopt[torch]==0.37.0", "accelerate==1.11.0", "requests==2.32.5", "pyyaml==6.0.4")
 # What the NVIDIA container runtime and the image put on LD_LIBRARY_PATH before our launcher runs.
 HOST_LD_LIBRARY_PATH = "/usr/local/nvidia/lib:/usr/local/nvidia/lib64:/usr/local/cuda/compat/lib"
 IMAGE_PATH = ("/opt/venv-tritonserver/bin:/opt/tritonserver/bin:"

@@ -272,9 +272,11 @@ def templates(tmp_path_factory):
     template = root / "model_repository" / LLMAPI_TEMPLATE
     (template / "1").mkdir(parents=True)
     (template / "config.pbtxt").write_text(TEST_TEMPLATE)
-    # Its files only, with the imports the LLM API's model makes (check-repo allows the engine-only ones to it).
-    (template / "1" / "model.py").write_text('"""The build tests\' tensorrt_llm."""\n'
-                                             "import tensorrt_llm\nimport yaml\n")
+    # Its files only, with the imports the LLM API's model makes: tensorrt_llm only where a missing one fails the load
+    # naming it (inside `except ImportError`), yaml and, as an engine model, torch.
+    (template / "1" / "model.py").write_text(
+        '"""The build tests\' tensorrt_llm."""\nimport torch\nimport yaml\n\ntry:\n    import tensorrt_llm\n'
+        "except ImportError as error:\n    raise RuntimeError(f'llm: tensorrt_llm: {error}') from None\n")
     for package in ("bls", "embedded_engine"):
         (root / package).symlink_to(ROOT / package)
     (root / "llmapi_engine").mkdir()
@@ -453,10 +455,15 @@ def test_the_speculative_model_is_linked_and_checked(project, tmp_path, tokenize
     assert any("speculative_config.speculative_model_dir 'draft' lacks ['config.json']" in p for p in problems)
 
 
-def test_the_container_has_what_the_llmapi_model_imports():
-    assert check_repo.why_not_importable("tensorrt_llm", engine_model=True) is None
-    assert check_repo.why_not_importable("yaml", engine_model=True) is None
-    assert "embedded engine only" in check_repo.why_not_importable("tensorrt_llm", engine_model=False)
+def test_the_container_has_what_the_llmapi_model_imports(project, tmp_path, tokenizer_dir):
+    assert check_repo.why_not_importable("yaml", engine_model=False) is None
+    repo = _llmapi_repo(tmp_path, tokenizer_dir)
+    assert check_repo.python_import_problems(repo / "tensorrt_llm" / "1", engine_model=True) == []
+    # tensorrt_llm's model is an engine model (torch); the preprocessing model is not.
+    problems = _broken(repo, tmp_path, lambda r: shutil.copy2(r / "tensorrt_llm" / "1" / "model.py",
+                                                              r / "preprocessing" / "1" / "llm_imports.py"))
+    assert any("llm_imports.py line 2 imports torch: 'torch' is for the embedded engine only" in p
+               for p in problems), problems
 
 
 @pytest.fixture(scope="module")
@@ -521,3 +528,26 @@ def test_the_cpu_build_serves_the_tiny_modelopt_export_on_the_stand_in(project, 
     with pytest.raises(SystemExit, match="QUANT=fp8: the CPU build serves the tiny model's AWQ export"):
         llmapi_flow.build_llmapi_repository(_args(tmp_path, hf_model=None, dry_run=False, quant="fp8"),
                                             lambda message: None)
+
+
+def test_a_gpu_build_without_a_gpu_or_tensorrt_llm_stops_before_any_work(tmp_path, monkeypatch):
+    from engine_build import gpu, trtllm
+
+    monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
+    monkeypatch.setattr(llmapi_flow, "_run", lambda commands, log: pytest.fail(f"ran {commands}"))
+    monkeypatch.setattr(gpu, "gpu_available", lambda: False)
+    with pytest.raises(SystemExit, match="no NVIDIA GPU found .* or plan it anywhere with DRY_RUN=1"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, dry_run=False), lambda message: None)
+    monkeypatch.setattr(gpu, "gpu_available", lambda: True)
+    monkeypatch.setattr(trtllm, "installed_trtllm_version", lambda: None)
+    with pytest.raises(SystemExit, match="tensorrt_llm is not installed; run it inside nvcr.io/nvidia/tritonserver"):
+        llmapi_flow.build_llmapi_repository(_args(tmp_path, dry_run=False), lambda message: None)
+
+
+def test_the_quantize_step_must_fit_the_gpus(tmp_path, monkeypatch):
+    """Calibration holds the 16-bit model: Llama 3 8B (15 GiB) does not fit one 16 GiB GPU's usable 85 %."""
+    monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
+    monkeypatch.setattr(llmapi_flow, "visible_gpu_count", lambda: None)
+    with pytest.raises(SystemExit, match="does NOT fit"):
+        llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0))
+    assert llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0, tp=2)).quantization.fits
