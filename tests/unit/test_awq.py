@@ -309,3 +309,26 @@ def test_a_modelopt_export_of_another_algorithm_is_refused_by_name(tmp_path):
     (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
     with pytest.raises(CheckpointError, match="quant_algo 'NVFP4'"):
         load_checkpoint(tmp_path)
+
+
+def test_an_fp8_modelopt_export_loads_as_its_weights_times_their_scales(tmp_path, tokenizer_dir):
+    """ModelOpt's FP8 (per tensor) Hugging Face export, as `make repo ENGINE=llmapi QUANT=fp8` writes it, loaded by the
+    embedded engine: each weight is its float8 value times its scale, and the model computes what the fp32 model
+    does up to FP8's rounding."""
+    from engine_build.quantize import quantize_modelopt_hf
+
+    shape = TinyLlamaShape(num_hidden_layers=1, intermediate_size=256)
+    write_hf_checkpoint(tmp_path / "hf", shape, tiny_llama_weights(shape, seed=5), tokenizer_dir)
+    out = quantize_modelopt_hf(tmp_path / "hf", tmp_path / "fp8", "fp8", calib_texts=read_calibration_texts()[:2],
+                               device="cpu")
+    exported = load_file(str(out / "model.safetensors"))
+    loaded = load_checkpoint(out)
+    assert (loaded.source_format, loaded.quant_algo) == ("modelopt_hf", "FP8")
+    down = "model.layers.0.mlp.down_proj"
+    assert exported[f"{down}.weight"].dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(loaded.model.state_dict()[f"{down}.weight"],
+                               exported[f"{down}.weight"].float() * exported[f"{down}.weight_scale"].float())
+    ids = torch.tensor([_prompt_ids(tmp_path / "hf")])
+    with torch.inference_mode():
+        ours, fp32 = loaded.model(ids).logits, load_checkpoint(tmp_path / "hf").model(ids).logits
+    assert float((ours - fp32).norm() / fp32.norm()) < 0.1
