@@ -166,9 +166,9 @@ NOT_ON_LLMAPI = {
     "test_draft_tokens_that_break_the_grammar_do_not_change_greedy_output": "draft-target rounds send "
                                                                             "draft_input_ids (refused by name)",
     "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
-                                                 "model's own: test_llmapi_cancellation.py)",
+                                                 "model's own: test_llmapi.py)",
     "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
-                                               "model's own: test_llmapi_cancellation.py)",
+                                               "model's own: test_llmapi.py)",
     "test_what_the_engine_cannot_do_is_refused_by_name": "checks the embedded engine's refusals (the llmapi model's "
                                                          "own: tests/unit/test_llmapi_request_mapping.py)",
 }
