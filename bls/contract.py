@@ -13,7 +13,7 @@ Dims exclude the batch dimension (every model has max_batch_size > 0).
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -179,6 +179,45 @@ TENSORRT_LLM = ModelContract(
         *_GENERATION_DETAILS[:6],
         _t("context_phase_params", "TYPE_UINT8", [-1]),
         *_GENERATION_DETAILS[6:],
+    ),
+)
+
+# ----------------------------------------------------------------------------------------------------
+# tensorrt_llm on the LLM API (the llmapi flow, llmapi_engine): the C++ backend's contract above, so the ensemble, the
+# BLS and NVIDIA's clients work unchanged, plus NVIDIA's llmapi model's names (triton_backend/all_models/llmapi/
+# tensorrt_llm/config.pbtxt: text_input, sampling_param_*, return_*; outputs text_output, finish_reason, stop_reason,
+# cumulative_logprob and its perf outputs, in that config's dtypes), so a request from NVIDIA's README answers. Two
+# request shapes in one model: input_lengths and request_output_len are optional to Triton here and required by the
+# model for a request with input_ids (llmapi_engine/request_mapping.py); NVIDIA's inputs are [1] per row (its config
+# says [-1] with max_batch_size 0; only the first string of text_input is read there, as here).
+# ----------------------------------------------------------------------------------------------------
+_LLMAPI_SCALAR = dict(reshape_scalar=True)
+TENSORRT_LLM_LLMAPI = ModelContract(
+    inputs=tuple(replace(spec, optional=True) for spec in TENSORRT_LLM.inputs) + (
+        _scalar("text_input", "TYPE_STRING"),
+        _scalar("sampling_param_best_of", "TYPE_INT32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_temperature", "TYPE_FP32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_top_k", "TYPE_INT32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_top_p", "TYPE_FP32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_frequency_penalty", "TYPE_FP32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_presence_penalty", "TYPE_FP32", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_max_tokens", "TYPE_INT32", **_LLMAPI_SCALAR),
+        _t("sampling_param_stop", "TYPE_STRING", [-1]),
+        _scalar("sampling_param_seed", "TYPE_UINT64", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_exclude_input_from_output", "TYPE_BOOL", **_LLMAPI_SCALAR),
+        _scalar("sampling_param_return_perf_metrics", "TYPE_BOOL", **_LLMAPI_SCALAR),
+        _scalar("return_finish_reason", "TYPE_BOOL", **_LLMAPI_SCALAR),
+        _scalar("return_stop_reason", "TYPE_BOOL", **_LLMAPI_SCALAR),
+        _scalar("return_cumulative_logprob", "TYPE_BOOL", **_LLMAPI_SCALAR),
+    ),
+    outputs=TENSORRT_LLM.outputs + (
+        _t("text_output", "TYPE_STRING", [-1]),
+        _t("finish_reason", "TYPE_STRING", [-1]),
+        _t("stop_reason", "TYPE_STRING", [-1]),
+        _t("cumulative_logprob", "TYPE_FP32", [-1]),
+        _t("kv_cache_reused_block", "TYPE_INT32", [-1]),
+        _t("kv_cache_missed_block", "TYPE_INT32", [-1]),
+        _t("kv_cache_hit_rate", "TYPE_FP32", [-1]),
     ),
 )
 
@@ -361,6 +400,8 @@ TENSORRT_LLM_HANDOFF = ModelContract(
 
 CONTRACTS: dict[str, ModelContract] = {
     "tensorrt_llm": TENSORRT_LLM,
+    # The llmapi flow's tensorrt_llm, under its template's name (model_repository/tensorrt_llm_llmapi).
+    "tensorrt_llm_llmapi": TENSORRT_LLM_LLMAPI,
     HANDOFF_MODEL: TENSORRT_LLM_HANDOFF,
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,

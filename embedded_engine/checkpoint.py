@@ -1,4 +1,5 @@
-"""Load a Llama checkpoint for the embedded CPU engine: an HF dir or a TensorRT-LLM checkpoint dir.
+"""Load a Llama checkpoint for the embedded CPU engine: an HF dir, ModelOpt's HF export (what TensorRT-LLM's PyTorch
+flow loads: _load_modelopt_hf) or a TensorRT-LLM checkpoint dir.
 
 The TensorRT-LLM checkpoint is what `trtllm-build` consumes (config.json + rank0.safetensors). Loading
 it here lets the CPU engine run exactly the weights the GPU engine would be built from, AWQ int4
@@ -25,6 +26,10 @@ import torch
 
 SUPPORTED_ARCHITECTURE = "LlamaForCausalLM"
 AWQ = "W4A16_AWQ"
+FP8 = "FP8"
+# ModelOpt's Hugging Face export writes its quantization beside config.json (TensorRT-LLM's PyTorch flow reads it
+# first: _torch/model_config.py ModelConfig.from_pretrained; /work/shared/reference/llmapi-1.2.md §5).
+MODELOPT_QUANT_CONFIG = "hf_quant_config.json"
 
 
 class CheckpointError(ValueError):
@@ -35,7 +40,7 @@ class CheckpointError(ValueError):
 class LoadedCheckpoint:
     model: object  # transformers LlamaForCausalLM, eval mode, fp32, CPU
     config: object  # transformers LlamaConfig
-    source_format: str  # "hf" | "trtllm"
+    source_format: str  # "hf" | "trtllm" | "modelopt_hf"
     quant_algo: str | None
     max_position_embeddings: int
 
@@ -55,6 +60,8 @@ def load_checkpoint(path: Path) -> LoadedCheckpoint:
     raw = json.loads(config_file.read_text())
     if is_trtllm_config(raw):
         return _load_trtllm(path, raw)
+    if (path / MODELOPT_QUANT_CONFIG).is_file():
+        return _load_modelopt_hf(path, raw)
     return _load_hf(path, raw)
 
 
@@ -173,6 +180,65 @@ def hf_state_dict_from_trtllm(tensors: dict[str, torch.Tensor], config, group_si
         for trt_name, hf_name in _LAYER_NORMS.items():
             state[dst + hf_name + ".weight"] = tensors[src + trt_name + ".weight"].float()
     return state
+
+
+def _load_modelopt_hf(path: Path, raw: dict) -> LoadedCheckpoint:
+    """ModelOpt's Hugging Face export (modelopt.torch.export.export_hf_checkpoint, 0.37): the HF Llama layout, each
+    quantized linear's `weight` quantized with its `weight_scale` (and AWQ's `pre_quant_scale`), dequantized here to
+    fp32 as the embedded engine's TensorRT-LLM-checkpoint loader does:
+    - W4A16_AWQ: `weight` uint8 (out/2, in), two signed int4 per byte along out (modelopt quant_utils
+      pack_int4_in_uint8: row 2r the low nibble), `weight_scale` (out, in/group_size), `pre_quant_scale` (in,);
+    - FP8 (per tensor): `weight` float8_e4m3fn times its scalar `weight_scale`.
+    `input_scale` / `output_scale` and the KV cache's `k_scale` / `v_scale` are activation scales: a fp32 CPU engine
+    has no use for them (a quantized KV cache is the GPU's). Other algorithms are refused, by name."""
+    from safetensors.torch import load_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers.modeling_utils import no_init_weights
+
+    if raw.get("architectures") != [SUPPORTED_ARCHITECTURE]:
+        raise CheckpointError(f"{path}: architecture {raw.get('architectures')} is not {SUPPORTED_ARCHITECTURE}")
+    quantization = json.loads((path / MODELOPT_QUANT_CONFIG).read_text()).get("quantization") or {}
+    quant_algo = quantization.get("quant_algo")
+    if quant_algo not in (AWQ, FP8):
+        raise CheckpointError(f"{path}/{MODELOPT_QUANT_CONFIG}: quant_algo {quant_algo!r} is not supported "
+                              f"({AWQ} or {FP8})")
+    if quant_algo == AWQ and quantization.get("has_zero_point"):
+        raise CheckpointError(f"{path}: AWQ with zero points is not supported")
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise CheckpointError(f"{path} has no .safetensors files")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        tensors.update(load_file(str(file)))
+    activation_scales = (".input_scale", ".output_scale", ".k_scale", ".v_scale")
+    state = {}
+    for name, tensor in tensors.items():
+        if name.endswith((".weight_scale", ".pre_quant_scale", *activation_scales)):
+            continue
+        prefix = name.removesuffix(".weight")
+        scale = tensors.get(prefix + ".weight_scale") if name.endswith(".weight") else None
+        if scale is None:
+            state[name] = tensor.float()
+        elif quant_algo == AWQ:
+            group_size = int(quantization["group_size"])
+            if tensor.shape[1] != scale.shape[1] * group_size or tensor.shape[0] * 2 != scale.shape[0]:
+                raise CheckpointError(f"{path}: {name} {list(tensor.shape)} does not match {prefix}.weight_scale "
+                                      f"{list(scale.shape)} with group_size {group_size}")
+            prequant = tensors.get(prefix + ".pre_quant_scale", torch.ones(tensor.shape[1]))
+            state[name] = dequantize_awq(tensor.view(torch.int8), scale, prequant, group_size)
+        else:
+            state[name] = tensor.float() * scale.float()
+    config = LlamaConfig(**{key: value for key, value in raw.items() if key != "quantization_config"})
+    with no_init_weights():  # every weight comes from the checkpoint: skip random init
+        model = LlamaForCausalLM(config)
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    missing = set(missing) - ({"lm_head.weight"} if config.tie_word_embeddings else set())
+    if missing or unexpected:
+        raise CheckpointError(f"{path}: weights missing {sorted(missing)}, not of a Llama {sorted(unexpected)}")
+    model.float().eval()
+    return LoadedCheckpoint(model, config, "modelopt_hf", quant_algo, config.max_position_embeddings)
 
 
 def _load_trtllm(path: Path, raw: dict) -> LoadedCheckpoint:

@@ -6,7 +6,7 @@ What 1.2.1 does, read in NVIDIA/TensorRT-LLM:
   the guide text. Guided decoding is on when the type is one of the four.
 - `cpp/tensorrt_llm/executor/guidedDecodingParams.cpp`: a guide is required unless the type is `json`
   ("The guide string must be provided unless using GuideType::kJSON").
-- `cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp`: the tokenizer info file (engine_build/xgrammar_info.py) becomes
+- `cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp`: the tokenizer info file (embedded_engine/xgrammar_info.py) becomes
   `TokenizerInfo::FromHuggingFace(encoded_vocab, tokenizer_str, vocab_size, stop_token_ids)` and one
   `GrammarCompiler` (default options); per request `json` -> `CompileBuiltinJSONGrammar()` (any guide is ignored),
   `json_schema` -> `CompileJSONSchema(guide)` (default options: any whitespace, strict), `regex` ->

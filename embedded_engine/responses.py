@@ -44,6 +44,7 @@ class _PerfMetrics:
     first_token_ns: int = 0
     last_token_ns: int = 0
     reused_tokens: int = 0
+    drafted_tokens: int = 0
     accepted_draft_tokens: int = 0
 
     def add(self, event: EngineEvent) -> None:
@@ -52,12 +53,13 @@ class _PerfMetrics:
         if event.token_ids:
             self.first_token_ns = self.first_token_ns or event.time_ns
             self.last_token_ns = event.time_ns
+        self.drafted_tokens += event.drafted_tokens
         self.accepted_draft_tokens += event.accepted_draft_tokens
 
     def tensors(self, request: GenerationRequest, generated: int) -> Tensors:
         total_blocks = -(-(len(request.prompt) + generated) // KV_BLOCK_TOKENS)
         reused_blocks = self.reused_tokens // KV_BLOCK_TOKENS
-        drafts = len(request.draft_tokens)
+        drafts = self.drafted_tokens
         values = {
             "kv_cache_alloc_new_blocks": (total_blocks - reused_blocks, np.int32),
             "kv_cache_reused_blocks": (reused_blocks, np.int32),
@@ -230,6 +232,7 @@ def merge_events(events: list[EngineEvent]) -> EngineEvent:
         log_probs=[p for e in events for p in e.log_probs],
         context_logits=events[0].context_logits,
         generation_logits=np.concatenate(generation_logits) if generation_logits else None,
+        drafted_tokens=sum(e.drafted_tokens for e in events),
         accepted_draft_tokens=sum(e.accepted_draft_tokens for e in events),
         finished=last.finished,
         finish_reason=last.finish_reason,

@@ -42,6 +42,7 @@ from bls.finish_reason import FinishReason
 from embedded_engine.draft_verification import accept_tokens
 from embedded_engine.lora import LoraCache, LoraLayout, prefetch
 from embedded_engine.lora_layers import LoraSlot, install_lora
+from embedded_engine.ngram import NGramDrafting
 from embedded_engine.prefix_cache import PrefixCache, PrefixCacheLimits
 from embedded_engine.request import EngineLimits, GenerationRequest
 from embedded_engine.sampling import TokenSampler
@@ -106,6 +107,7 @@ class EngineEvent:
     log_probs: list[float] = field(default_factory=list)  # one per new token, if return_log_probs
     context_logits: np.ndarray | None = None  # [prompt_len, vocab], first event, if asked for
     generation_logits: np.ndarray | None = None  # [len(token_ids), vocab], raw model logits, if asked for
+    drafted_tokens: int = 0  # draft tokens this step verified (external ones, or n-gram drafts)
     accepted_draft_tokens: int = 0
     finished: bool = False
     finish_reason: FinishReason | None = None
@@ -194,6 +196,8 @@ class Engine:
         lora_slot: LoraSlot | None = None,
         # Called on the engine thread after each iteration (metrics); must not block.
         on_iteration: IterationCallback | None = None,
+        # Draft tokens from the sequence itself at every decode step (NGram speculative decoding); None: none.
+        ngram: NGramDrafting | None = None,
     ):
         if (adapters is None) != (lora_slot is None):
             raise ValueError("adapters and lora_slot go together")
@@ -207,6 +211,7 @@ class Engine:
         self._wait_for_sending = wait_for_sending
         self._step_scope = step_scope
         self._on_iteration = on_iteration
+        self._ngram = ngram
         self._iterations = 0
         self._context_requests = 0  # this iteration's prefills and their tokens, reset by _report_iteration
         self._context_tokens = 0
@@ -414,18 +419,19 @@ class Engine:
             num_logits = len(feed) if request.return_context_logits else len(draft) + 1
             with self._adapter(request):
                 logits = runner.forward(sequence.cache, feed, reused, num_logits)
-        else:
-            draft = ()
+        else:  # the last token, with the n-gram drafts (if any) verified in the same forward pass
+            draft = self._ngram_draft(sequence)
+            past = len(sequence.tokens) - 1
             with self._adapter(request):
-                logits = runner.forward(sequence.cache, sequence.tokens[-1:], len(sequence.tokens) - 1, 1)
-            sequence.cached = len(sequence.tokens)  # before this step appends
+                logits = runner.forward(sequence.cache, [sequence.tokens[-1], *draft], past, len(draft) + 1)
+            sequence.cached = past + 1  # before this step appends; the accepted drafts are added below
         context_logits = None
         if prefill and request.return_context_logits:
             context_logits = logits[:prompt_len].numpy()
             logits = logits[prompt_len - 1 :]
         step = accept_tokens(logits, draft, sequence.sampler, sequence.tokens, prompt_len, sequence.stop)
-        if prefill:  # the cache holds the prompt and the draft; the tokens go on with the accepted drafts only
-            sequence.cached = prompt_len + step.accepted_drafts
+        # The cache holds what was fed; the tokens go on with the accepted drafts only.
+        sequence.cached = (prompt_len if prefill else sequence.cached) + step.accepted_drafts
         if draft and step.finish_reason is None and step.accepted_drafts < len(draft):
             runner.crop(sequence.cache, len(sequence.tokens) - 1)  # the last token is fed next step
         return EngineEvent(
@@ -434,12 +440,23 @@ class Engine:
             log_probs=step.log_probs,
             context_logits=context_logits,
             generation_logits=logits[step.rows].numpy() if request.return_generation_logits else None,
+            drafted_tokens=len(draft),
             accepted_draft_tokens=step.accepted_drafts,
             finished=step.finish_reason is not None,
             finish_reason=step.finish_reason,
             scheduled_ns=scheduled_ns,
             reused_tokens=reused,
         )
+
+    def _ngram_draft(self, sequence: _Sequence) -> list[int]:
+        """N-gram drafts for a decode step (embedded_engine.ngram), within what the sequence may still generate (the
+        step's own token is one more) and the engine's max_seq_len; [] without n-gram drafting."""
+        if self._ngram is None:
+            return []
+        request = sequence.request
+        generated = len(sequence.tokens) - len(request.prompt)
+        room = min(request.max_new_tokens - generated, self.limits.max_seq_len - len(sequence.tokens)) - 1
+        return self._ngram.propose(sequence.tokens, room)
 
     def _adapter(self, request: GenerationRequest) -> AbstractContextManager[None]:
         """The scope of one forward pass of `request`: its LoRA adapter in the model, or the base model."""
@@ -515,5 +532,6 @@ def build_engine(settings: EngineSettings, wait_for_sending: Callable[[int], Non
             log.info("LoRA: prefetched tasks %s from %s", task_ids, settings.lora_prefetch_dir)
     limits = EngineLimits(vocab_size=runner.vocab_size, max_seq_len=max_seq_len, max_draft_len=settings.max_draft_len)
     return Engine(runner, limits, max_active=settings.max_active_requests, step_s=settings.step_ms / 1000,
+                  reuse=PrefixCacheLimits() if settings.kv_cache_reuse else None,
                   max_queued=settings.max_queued_requests, wait_for_sending=wait_for_sending, step_scope=step_scope,
-                  adapters=adapters, lora_slot=lora_slot, on_iteration=on_iteration)
+                  adapters=adapters, lora_slot=lora_slot, on_iteration=on_iteration, ngram=settings.ngram)

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from embedded_engine.ngram import NGramDrafting
+
 # Sequences generated together (TensorRT-LLM's max_batch_size); more wait in the engine's queue.
 DEFAULT_MAX_ACTIVE_REQUESTS = 16
 # Sequences that may wait for a slot; one more is refused at once with UNAVAILABLE (HTTP 503), so overload
@@ -34,3 +36,7 @@ class EngineSettings:
     max_lora_rank: int = 64
     lora_cache_host_memory_bytes: int = 1 << 30
     lora_prefetch_dir: str | None = None
+    # KV-cache reuse across requests (embedded_engine.prefix_cache), as TensorRT-LLM's enable_block_reuse.
+    kv_cache_reuse: bool = True
+    # NGram speculative decoding (embedded_engine.ngram): drafts from the sequence itself at every decode step.
+    ngram: NGramDrafting | None = None

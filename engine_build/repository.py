@@ -22,6 +22,7 @@ from bls.artifact import MANIFEST, file_checksums
 from bls.contract import TOKEN_TEXT_CLASSES_FILE
 from embedded_engine.lora import LoraLayout
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
+from embedded_engine.xgrammar_info import write_xgrammar_tokenizer_info
 from engine_build.lora import (
     PREFETCH_DIR,
     ConvertedAdapter,
@@ -50,7 +51,6 @@ from engine_build.trtllm_config import (
     engine_parameter_values,
     guided_decoding_values,
 )
-from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 TEMPLATES = PROJECT_ROOT / "model_repository"

@@ -8,6 +8,7 @@ Sections (each runnable alone with --only):
   detokenizer  per-token cost of incremental detokenization vs re-decoding everything (no server)
   bls          tensorrt_llm_bls streams: text == non-streamed text, flat per-token CPU over 4,096 tokens
   speculative  draft-target speculative decoding on the real default repository
+  ngram        n-gram speculative decoding (prompt lookup) on input-grounded prompts (embedded engine, in-process)
   awq          AWQ int4 target vs the unquantised model: greedy agreement and logit error (no server)
   guided       guided decoding: first token and tok/s guided vs unguided, grammar compile cold and cached, the
                per-token mask cost (real default repository, and in-process)
@@ -61,6 +62,7 @@ SECTIONS = (
     Section("detokenizer", "3. detokenizer: per-token cost vs output length"),
     Section("bls", "4. tensorrt_llm_bls streams: correctness and flat cost (synthetic engine)"),
     Section("speculative", "5. speculative decoding (real default repository)"),
+    Section("ngram", "5b. n-gram speculative decoding on input-grounded prompts (embedded engine, in-process)"),
     Section("awq", "6. AWQ int4 quality vs the unquantised model"),
     Section("guided", "7. guided decoding: compile, mask cost, guided vs unguided (real default repository)"),
     Section("openai", "8. the OpenAI-compatible API vs tensorrt_llm_bls over gRPC (synthetic engine)"),

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from engine_build.pbtxt import first, parse_pbtxt
+from engine_build.pbtxt import parameters as pbtxt_parameters
 from engine_build.repository import RepositorySettings, assemble_repository, repository_tokenizer
 from serving.tritonserver import TritonServer, is_ready
 
@@ -84,6 +85,20 @@ def tokenizer_dir(endpoint, repo_dir):
     return tokenizer
 
 
+@pytest.fixture(scope="session")
+def served_checkpoint(endpoint, repo_dir) -> Path:
+    """The checkpoint folder tensorrt_llm serves (the tests that compare with transformers load it): the embedded
+    engine's `checkpoint_dir` parameter, or, on the LLM API (its `llm` parameter), model.yaml's `model`; both
+    relative to the model's version folder."""
+    version_dir = repo_dir / "tensorrt_llm" / "1"
+    checkpoint = endpoint.model_parameter("tensorrt_llm", "checkpoint_dir")
+    if checkpoint is None and endpoint.model_parameter("tensorrt_llm", "llm") is not None:
+        from llmapi_engine.model_config import read_model_config
+
+        return Path(read_model_config(version_dir).llm_args["model"])
+    return version_dir / checkpoint
+
+
 @contextmanager
 def built_repository_server(request, tmp_path_factory, name: str, **settings) -> Iterator[TritonServer]:
     """tritonserver on a repository assembled here from build/assets (the tokenizer, the tiny target) with
@@ -139,6 +154,39 @@ NEEDS_EMBEDDED_ENGINE = {
 }
 
 
+# Tests of what the LLM API flow's tensorrt_llm (the llmapi repositories: its `llm` parameter) does not have, skipped
+# there by name. Its stand-in runs the embedded engine, so the transformers comparisons above still run on it.
+NOT_ON_LLMAPI = {
+    "test_draft_tokens_are_verified": "1.2.x's LLM API takes no draft tokens per request (draft_input_ids is refused "
+                                      "by name there)",
+    "test_speculative_equals_plain_greedy": "draft-target rounds send draft_input_ids, which 1.2.x's LLM API does not "
+                                            "take (refused by name)",
+    "test_speculative_with_batch_of_two": "draft-target rounds send draft_input_ids, which 1.2.x's LLM API does not "
+                                          "take (refused by name)",
+    "test_draft_tokens_that_break_the_grammar_do_not_change_greedy_output": "draft-target rounds send "
+                                                                            "draft_input_ids (refused by name)",
+    "test_client_cancellation_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
+                                                 "model's own: test_llmapi.py)",
+    "test_client_disconnect_stops_the_engine": "watches the embedded engine's embedded_engine_* metrics (the llmapi "
+                                               "model's own: test_llmapi.py)",
+    "test_what_the_engine_cannot_do_is_refused_by_name": "checks the embedded engine's refusals (the llmapi model's "
+                                                         "own: tests/unit/test_llmapi_request_mapping.py)",
+}
+
+
+def served_engine_parameters(config) -> dict[str, str]:
+    """The model parameters of the tensorrt_llm under test (as served_engine_backend finds its config)."""
+    url = config.getoption("--server-url")
+    if url:
+        try:
+            served = _parse_url(url).model_config("tensorrt_llm").get("parameters", {})
+        except OSError as error:
+            raise pytest.UsageError(f"--server-url {url}: cannot read tensorrt_llm's config ({error})") from None
+        return {key: value["string_value"] for key, value in served.items()}
+    engine_config = Path(config.getoption("--repo")) / "tensorrt_llm" / "config.pbtxt"
+    return pbtxt_parameters(parse_pbtxt(engine_config.read_text())) if engine_config.is_file() else {}
+
+
 def served_engine_backend(config) -> str | None:
     """The backend of the tensorrt_llm under test (python: the embedded engine): the running server's (--server-url)
     or the repository's the tests serve (--repo); None where neither says."""
@@ -155,6 +203,7 @@ def served_engine_backend(config) -> str | None:
 def pytest_collection_modifyitems(config, items):
     url = config.getoption("--server-url")
     backend = served_engine_backend(config)
+    llm = served_engine_parameters(config).get("llm")
     for item in items:
         if "integration" not in str(item.fspath):
             continue
@@ -162,6 +211,9 @@ def pytest_collection_modifyitems(config, items):
         module = item.fspath.basename
         if url and module in STARTS_ITS_OWN_SERVER:
             item.add_marker(pytest.mark.skip(reason=f"--server-url: {module} {STARTS_ITS_OWN_SERVER[module]}"))
+        elif item.originalname in NOT_ON_LLMAPI and llm is not None:
+            item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm runs the LLM API ({llm}): {item.originalname} "
+                                                    f"{NOT_ON_LLMAPI[item.originalname]}"))
         elif item.originalname in NEEDS_EMBEDDED_ENGINE and backend != "python":
             item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm is backend {backend}, not the embedded engine: "
                                                     f"{item.originalname} {NEEDS_EMBEDDED_ENGINE[item.originalname]}"))

@@ -48,12 +48,12 @@ def prompt(bundle):
 
 
 @pytest.fixture(scope="module")
-def reference_model(endpoint, repo_dir):
-    """The weights the embedded engine serves (its repository's copy, checkpoint_dir is relative to the
-    model's version folder), loaded by transformers (its tests are in conftest's NEEDS_EMBEDDED_ENGINE)."""
+def reference_model(served_checkpoint):
+    """The weights the embedded engine serves (its repository's copy), loaded by transformers (its tests are in
+    conftest's NEEDS_EMBEDDED_ENGINE)."""
     from embedded_engine.checkpoint import load_checkpoint
 
-    return load_checkpoint(repo_dir / ENGINE / "1" / endpoint.model_parameter(ENGINE, "checkpoint_dir")).model
+    return load_checkpoint(served_checkpoint).model
 
 
 def transformers_greedy(model, prompt, max_tokens, eos_token_id=None) -> list[int]:

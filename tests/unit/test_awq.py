@@ -264,3 +264,71 @@ def test_fp8_kv_cache_is_calibrated_and_exported(tmp_path, tokenizer_dir):
                  kv_cache_dtype="fp8")
     quantization = json.loads((tmp_path / "trt" / "config.json").read_text())["quantization"]
     assert (quantization["quant_algo"], quantization["kv_cache_quant_algo"]) == ("W4A16_AWQ", "FP8")
+
+
+def test_modelopts_hf_export_loads_and_matches_the_fake_quant_model(awq_target):
+    """The checkpoint TensorRT-LLM's PyTorch flow loads (ModelOpt's Hugging Face export: hf_quant_config.json, packed
+    int4 `weight`, `weight_scale`, `pre_quant_scale`), dequantized by the embedded engine's loader (the llmapi stand-in
+    serves it), computes what the calibrated fake-quant model does, as its TensorRT-LLM checkpoint export does
+    (test_loader_logits_match_modelopt_fake_quant: the same bound)."""
+    import copy
+
+    from modelopt.torch.export import export_hf_checkpoint
+
+    root, fake_quant = awq_target
+    export_dir = root / "modelopt_hf"
+    export_hf_checkpoint(copy.deepcopy(fake_quant), dtype=torch.float16, export_dir=export_dir)
+    quant = json.loads((export_dir / "hf_quant_config.json").read_text())["quantization"]
+    assert quant["quant_algo"] == "W4A16_AWQ" and quant["group_size"] == GROUP
+    exported = load_file(str(next(export_dir.glob("*.safetensors"))))
+    assert exported["model.layers.0.mlp.down_proj.weight"].dtype == torch.uint8
+    loaded = load_checkpoint(export_dir)
+    assert (loaded.source_format, loaded.quant_algo) == ("modelopt_hf", "W4A16_AWQ")
+    state = loaded.model.state_dict()
+    # Exactly the independent numpy dequantization: with a pre_quant_scale (o_proj, down_proj) and without one (q/k/v
+    # and gate/up: ModelOpt folds theirs into the layernorm before them).
+    for module in ("self_attn.o_proj", "mlp.down_proj", "self_attn.q_proj", "mlp.gate_proj"):
+        prefix = f"model.layers.1.{module}"
+        packed = exported[prefix + ".weight"]
+        prequant = exported.get(prefix + ".pre_quant_scale", torch.ones(packed.shape[1]))
+        expected = reference_dequantize(packed, exported[prefix + ".weight_scale"], prequant, GROUP)
+        np.testing.assert_allclose(state[prefix + ".weight"].numpy(), expected, rtol=1e-6, atol=1e-7)
+    ids = torch.tensor([_prompt_ids(root / "hf")])
+    with torch.inference_mode():
+        ours, theirs = loaded.model(ids).logits, fake_quant(ids).logits
+        unquantized = load_checkpoint(root / "hf").model(ids).logits
+    error = float((ours - theirs).norm() / theirs.norm())
+    awq_error = float((theirs - unquantized).norm() / unquantized.norm())
+    print(f"logit rel. error: ModelOpt HF export loader vs fake-quant {error:.4f}; fake-quant vs fp32 {awq_error:.4f}")
+    assert error < 0.25 * awq_error
+    assert (ours.argmax(-1) == theirs.argmax(-1)).float().mean() > 0.9
+
+
+def test_a_modelopt_export_of_another_algorithm_is_refused_by_name(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
+    (tmp_path / "hf_quant_config.json").write_text(json.dumps({"quantization": {"quant_algo": "NVFP4"}}))
+    with pytest.raises(CheckpointError, match="quant_algo 'NVFP4'"):
+        load_checkpoint(tmp_path)
+
+
+def test_an_fp8_modelopt_export_loads_as_its_weights_times_their_scales(tmp_path, tokenizer_dir):
+    """ModelOpt's FP8 (per tensor) Hugging Face export, as `make repo ENGINE=llmapi QUANT=fp8` writes it, loaded by the
+    embedded engine: each weight is its float8 value times its scale, and the model computes what the fp32 model
+    does up to FP8's rounding."""
+    from engine_build.quantize import quantize_modelopt_hf
+
+    shape = TinyLlamaShape(num_hidden_layers=1, intermediate_size=256)
+    write_hf_checkpoint(tmp_path / "hf", shape, tiny_llama_weights(shape, seed=5), tokenizer_dir)
+    out = quantize_modelopt_hf(tmp_path / "hf", tmp_path / "fp8", "fp8", calib_texts=read_calibration_texts()[:2],
+                               device="cpu")
+    exported = load_file(str(out / "model.safetensors"))
+    loaded = load_checkpoint(out)
+    assert (loaded.source_format, loaded.quant_algo) == ("modelopt_hf", "FP8")
+    down = "model.layers.0.mlp.down_proj"
+    assert exported[f"{down}.weight"].dtype == torch.float8_e4m3fn
+    torch.testing.assert_close(loaded.model.state_dict()[f"{down}.weight"],
+                               exported[f"{down}.weight"].float() * exported[f"{down}.weight_scale"].float())
+    ids = torch.tensor([_prompt_ids(tmp_path / "hf")])
+    with torch.inference_mode():
+        ours, fp32 = loaded.model(ids).logits, load_checkpoint(tmp_path / "hf").model(ids).logits
+    assert float((ours - fp32).norm() / fp32.norm()) < 0.1

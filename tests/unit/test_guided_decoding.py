@@ -18,7 +18,7 @@ from bls.finish_reason import FinishReason
 from embedded_engine.guided import GrammarCache, Guide, GuideDeadEnd, guided_decoding_file, parse_guide
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.scheduler import Engine, HFModelRunner
-from engine_build.xgrammar_info import write_xgrammar_tokenizer_info
+from embedded_engine.xgrammar_info import write_xgrammar_tokenizer_info
 from testkit.schemas import validate_guided
 
 VOCAB = 128256

@@ -10,7 +10,8 @@ The file is read by `triton_backend/inflight_batcher_llm/src/model_instance_stat
 `getGuidedDecodingConfigFromParams` (`encoded_vocab` as strings, `tokenizer_str`, `stop_token_ids` as ints, all
 three required) into `executor::GuidedDecodingConfig`, from which `cpp/tensorrt_llm/batch_manager/guidedDecoder.cpp`
 builds `xgrammar::TokenizerInfo::FromHuggingFace(encoded_vocab, tokenizer_str, vocab_size_padded, stop_token_ids)`.
-The embedded engine compiles from this same file (embedded_engine/guided.py).
+The embedded engine compiles from this same file (embedded_engine/guided.py); the llmapi stand-in builds it at load,
+as TensorRT-LLM's LLM does (llmapi_engine/stand_in/llm.py).
 Read in the stored copies of those files (the script at 7ed07f0, guidedDecoder.cpp at 2a9abd9, utils.cc at 1929081;
 `_xgrammar_tokenizer_info` identical in the two stored versions of tokenizer.py that define it), not at the v1.2.1
 tag itself: the repository's snapshot is over the size that can be fetched here.
