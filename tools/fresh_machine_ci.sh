@@ -34,6 +34,9 @@ echo "[fresh] a new machine: $ROOT, a copy of $BASE"
 rm -rf "$ROOT"
 cp -a "$BASE" "$ROOT"
 cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+# What an installed Debian has and debootstrap does not write: localhost in /etc/hosts (the rehearsal's network
+# namespace has no DNS, only loopback).
+[ -f "$ROOT/etc/hosts" ] || printf '127.0.0.1\tlocalhost\n::1\t\tlocalhost ip6-localhost ip6-loopback\n' > "$ROOT/etc/hosts"
 
 # The clone: committed files of HEAD only, as CI's `git clone` gets them.
 git clone -q --no-hardlinks "$PROJECT" "$ROOT/ci/llama3-triton"
