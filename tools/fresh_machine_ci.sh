@@ -4,7 +4,8 @@
 # `bash .ci/run` run inside it in a private mount namespace. Whatever `make test` needs beyond the prerequisites must
 # be installed by the project's own files, or this run fails.
 #
-#   sudo tools/fresh_machine_ci.sh [DIR] [RELEASE]     # DIR default build/fresh, RELEASE bookworm (or trixie)
+#   sudo tools/fresh_machine_ci.sh [DIR] [RELEASE] [COMMAND]
+#       DIR default build/fresh; RELEASE bookworm (or trixie); COMMAND default `bash .ci/run` (e.g. `make rehearse`)
 #
 # What it shares with this machine: the kernel, the network (apt and PyPI reach the same registries) and, read-only,
 # this machine's pip configuration, CA certificates (the network's TLS proxy) and local wheel folders (/opt/wheels:
@@ -17,6 +18,7 @@ DIR="$(realpath -m "${1:-$PROJECT/build/fresh}")"
 BASE="$DIR/base"
 ROOT="$DIR/run"
 RELEASE="${2:-bookworm}"
+COMMAND="${3:-bash .ci/run}"
 PREREQUISITES="python3 python3-venv g++ make git ca-certificates"
 [ "$(id -u)" = 0 ] || { echo "needs root (debootstrap, mount namespaces)"; exit 1; }
 command -v debootstrap >/dev/null || { echo "needs debootstrap: apt-get install debootstrap"; exit 1; }
@@ -63,5 +65,5 @@ done
 exec chroot "$ROOT" /usr/bin/env -i HOME=/root LANG=C.UTF-8 TERM=dumb \
     PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PIP_FIND_LINKS=/opt/wheels PIP_CERT=/etc/ssl/certs/ca-certificates.crt PIP_DEFAULT_TIMEOUT=180 PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    bash -c "cd /ci/llama3-triton && time bash .ci/run"
-' fresh "$ROOT"
+    bash -c "cd /ci/llama3-triton && time $2"
+' fresh "$ROOT" "$COMMAND"
