@@ -33,6 +33,7 @@ from serving.tritonserver import (
     CONTAINER_TRITONSERVER,
     ORCHESTRATOR_ENVIRONMENT,
     ServerPorts,
+    exit_timeout_s,
     needs_orchestrator,
     server_command,
 )
@@ -62,6 +63,7 @@ class RepositoryFacts:
     serve_path: str
     orchestrator: bool
     engine_models: tuple[str, ...]
+    exit_timeout_s: int  # tritonserver's --exit-timeout-secs, sized from the repository's instance counts
     digest: str  # sha256 of repository.json (which holds every file's sha256): changes with any file
 
     @classmethod
@@ -86,6 +88,7 @@ class RepositoryFacts:
             serve_path=str(serve_path),
             orchestrator=needs_orchestrator(manifest),
             engine_models=("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",),
+            exit_timeout_s=exit_timeout_s(manifest),
             digest=hashlib.sha256(raw).hexdigest(),
         )
 
@@ -133,12 +136,9 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
 
     ports = ServerPorts(8000, 8001, 8002)
     triton_command = server_command(
-        Path(facts.serve_path), ports, address="0.0.0.0", world_size=facts.world_size,
-        engine_model_names=facts.engine_models, orchestrator=facts.orchestrator,
+        Path(facts.serve_path), ports, exit_timeout=facts.exit_timeout_s, address="0.0.0.0",
+        world_size=facts.world_size, engine_model_names=facts.engine_models, orchestrator=facts.orchestrator,
         extra_args=tuple(v["triton"]["extraArgs"]), install=CONTAINER_TRITONSERVER, gpu=facts.engine == "trtllm")
-    # The pod's grace period is built around exitTimeoutSeconds, not server_command's local default.
-    triton_command = [f"--exit-timeout-secs={v['triton']['exitTimeoutSeconds']}"
-                      if arg.startswith("--exit-timeout-secs=") else arg for arg in triton_command]
     triton_env = dict(ORCHESTRATOR_ENVIRONMENT) if facts.orchestrator else {}
     requests = dict(v["triton"]["resources"].get("requests", {}))
     limits = dict(v["triton"]["resources"].get("limits", {}))
