@@ -6,8 +6,10 @@ from bls.contract import PREPROCESSING, TENSORRT_LLM, TENSORRT_LLM_BLS
 
 # What tritonserver says when it cannot take a request now (Triton's own queue, the BLS's pool, the engines, a model
 # loading or unloading): the client may retry, so 503 with Retry-After.
+# "is shutting down": the relay's and the handoff's word to the streams a stop ends (relay/relay.h kShutdownMessage);
+# "Server is stopping": Triton's to a request that arrives during a stop (core's dynamic_batch_scheduler.cc).
 _UNAVAILABLE_MARKS = ("at capacity", "Exceeds maximum queue size", "unloading", "unloaded", "is not ready",
-                      "is not healthy", "UNAVAILABLE")
+                      "is not healthy", "UNAVAILABLE", "is shutting down", "Server is stopping")
 _NOT_FOUND_MARKS = ("unknown model", "is not found")
 # A Triton error that names one of these tensors is a request the client must fix (our models' InvalidRequest is
 # "<tensor>: <problem>", optionally after the model's name).

@@ -1,8 +1,15 @@
-"""However tritonserver ends with streams in flight (SIGKILL; a crash; SIGTERM, which waits --exit-timeout-secs for
-them and then exits without unloading the models), every Python backend stub ends within seconds of it
+"""How tritonserver ends, and what it leaves.
+
+A stop (SIGTERM, as Kubernetes and `docker stop` send it; SIGINT, Ctrl-C) is clean on both topologies: the streams
+still running end at once with an error their clients read (relay/relay.h kShutdownMessage), the unary requests
+running finish, every model unloads, tritonserver exits 0 within its --exit-timeout-secs, and its processes, relay
+sockets and shared memory are gone. So does a stop after clients left mid-request (streams closed, calls
+cancelled, requests abandoned by a client timeout), which Triton 2.51 once turned into a model that never unloaded
+(openai_api.triton._call_ended). `make serve`'s Ctrl-C stops tritonserver, then the API (serving.tritonserver.serve).
+
+However tritonserver ends without a stop (SIGKILL; a crash), every Python backend stub ends within seconds of it
 (bls/server_watch.py), and so do their watchers: none is left holding its model's memory and threads for
-nobody. The relay's Python processes
-are these stubs (tensorrt_llm_bls_python's).
+nobody. The relay's Python processes are these stubs (tensorrt_llm_bls_python's).
 
 The server is not reaped until the end: a killed parent that its own parent has not waited for yet is a zombie,
 which python_backend's own check (kill(pid, 0)) takes for alive.
@@ -10,23 +17,32 @@ which python_backend's own check (kill(pid, 0)) takes for alive.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import glob
+import http.client
+import json
 import os
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 from engine_build.repository import RepositorySettings, assemble_repository
+from openai_api.triton import TritonBls, scalar, text
 from serving.tritonserver import TritonServer
-from testkit.http import HttpSession
+from testkit.grpc import grpc_stream
+from testkit.http import HttpError, HttpSession
+from testkit.metrics import metric_values
 from testkit.processes import triton_processes
 from tests.integration.conftest import ASSETS
 
-# tritonserver's --exit-timeout-secs (serving.tritonserver) and the watch's poll, with room for a loaded 2-core host.
-EXIT_TIMEOUT_S = 10
+# The watch's poll, with room for a loaded 2-core host.
 STUBS_GONE_WITHIN_S = 5.0
 LONG_STREAM = {"text_input": "tell me", "max_tokens": 4000, "end_id": -1, "stream": True}  # 20 s at 5 ms a step
 
@@ -66,7 +82,7 @@ def alive(process: psutil.Process) -> bool:
         return False
 
 
-@pytest.mark.parametrize("ending", [signal.SIGKILL, signal.SIGSEGV, signal.SIGTERM], ids=lambda s: s.name)
+@pytest.mark.parametrize("ending", [signal.SIGKILL, signal.SIGSEGV], ids=lambda s: s.name)
 def test_every_stub_exits_when_tritonserver_ends(paced_repo, tmp_path, ending):
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
         start_streams(server)
@@ -77,18 +93,263 @@ def test_every_stub_exits_when_tritonserver_ends(paced_repo, tmp_path, ending):
         assert len(watchers) == len(stubs), watchers
         os.kill(server.process.pid, ending)  # the server alone, not its process group: nothing else ends the stubs
         server_gone = time.monotonic()
-        if ending == signal.SIGTERM:  # it waits out --exit-timeout-secs for the streams, then exits
-            deadline = server_gone + EXIT_TIMEOUT_S + 30
-            while alive(psutil.Process(server.process.pid)):
-                assert time.monotonic() < deadline, "tritonserver did not exit after SIGTERM"
-                time.sleep(0.1)
-            server_gone = time.monotonic()
         while any(alive(process) for process in {**stubs, **watchers}.values()):
             left = [name for name, process in {**stubs, **watchers}.items() if alive(process)]
             assert time.monotonic() < server_gone + STUBS_GONE_WITHIN_S, f"stubs outlived tritonserver: {left}"
             time.sleep(0.05)
         log = server.log_path.read_text(errors="replace")
-        if ending != signal.SIGTERM:
-            for name, stub in stubs.items():
-                assert f"is gone; its stub process (pid {stub.pid}) is killed" in log, name
+        for name, stub in stubs.items():
+            assert f"is gone; its stub process (pid {stub.pid}) is killed" in log, name
         server.process.wait()  # reaped only now
+
+
+# ---- a stop is clean ------------------------------------------------------------------------------------------------
+
+SHUTDOWN = "tritonserver is shutting down"  # relay/relay.h kShutdownMessage
+# After tritonserver has exited 0, its stubs are gone (it waits for each) and their watchers follow within their poll.
+LEFTOVERS_GONE_WITHIN_S = 10.0
+RELAY_DIRECTORIES = [os.environ.get("XDG_RUNTIME_DIR"), os.environ.get("TMPDIR"), "/tmp"]  # relay/socket_loop.cc
+
+
+@pytest.fixture(scope="module")
+def unary_repo(tmp_path_factory) -> Path:
+    """The unary topology (DECOUPLED=false) on the synthetic engine at 5 ms a step."""
+    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    return assemble_repository(tmp_path_factory.mktemp("server_exit_unary") / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
+        step_ms=5.0, decoupled=False))
+
+
+@dataclass
+class Footprint:
+    """What a running tritonserver holds that its stop must leave behind: its processes (stubs, their watchers), the
+    shared memory they map, the relays' private directories (socket and key)."""
+
+    processes: list[psutil.Process]
+    shared_memory: set[str]
+    relay_directories: list[str]
+
+    @classmethod
+    def of(cls, server_pid: int) -> Footprint:
+        processes = [psutil.Process(server_pid), *psutil.Process(server_pid).children(recursive=True)]
+        shared_memory = set()
+        for process in processes:
+            with contextlib.suppress(psutil.Error):
+                shared_memory |= {m.path for m in process.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
+        directories = sorted({found for base in RELAY_DIRECTORIES if base
+                              for found in glob.glob(f"{base}/llama3_relay.{server_pid}.*")})
+        return cls(processes, shared_memory, directories)
+
+    def left(self) -> list[str]:
+        return ([f"process {p.pid} ({p.name()})" for p in self.processes if alive(p)] +
+                [path for path in self.shared_memory if os.path.exists(path)] +
+                [path for path in self.relay_directories if os.path.exists(path)])
+
+
+def stop_cleanly(server: TritonServer, footprint: Footprint, how: signal.Signals = signal.SIGTERM) -> float:
+    """Stops tritonserver with `how` (to it alone) and checks the stop was clean: exit status 0, no exit timeout, every
+    model unloaded, nothing left within LEFTOVERS_GONE_WITHIN_S. Returns the seconds it took tritonserver to exit."""
+    assert footprint.processes[1:] and footprint.shared_memory, footprint  # relay directories: streaming only
+    started = time.monotonic()
+    server.process.send_signal(how)
+    status = server.process.wait(server.exit_timeout_s + 30)
+    took = time.monotonic() - started
+    log = server.log_path.read_text(errors="replace")
+    assert status == 0, f"tritonserver exited {status} after {took:.1f} s; {server._log_hint()}"
+    assert "Exit timeout expired" not in log
+    deadline = time.monotonic() + LEFTOVERS_GONE_WITHIN_S
+    while left := footprint.left():
+        assert time.monotonic() < deadline, f"left after the stop: {left}"
+        time.sleep(0.1)
+    return took
+
+
+def http_stream(server: TritonServer, model: str, body: dict, started: threading.Event, outcome: dict) -> None:
+    """A generate_stream whose events go to outcome[model]; the connection is closed at its end (Triton's HTTP
+    frontend waits for every open connection before it stops the models)."""
+    session = HttpSession(server.http_url, timeout_s=120)
+    events = outcome.setdefault(f"http {model}", [])
+    try:
+        session.generate_stream(model, body, on_event=lambda event: (events.append(event), started.set()))
+    finally:
+        session.close()
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
+def test_a_stop_ends_the_streams_in_flight_with_an_error_they_read(paced_repo, tmp_path, how):
+    """BLS (through the relay) and ensemble (through the handoff) streams of 20 s, over HTTP and gRPC: the stop ends
+    each at once with the shutdown's error, and the server exits 0, leaving nothing."""
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
+        outcome: dict = {}
+        threads = []
+        for model in ("tensorrt_llm_bls", "ensemble"):
+            started = threading.Event()
+            threads.append(threading.Thread(target=http_stream, args=(server, model, LONG_STREAM, started, outcome),
+                                            daemon=True))
+            threads[-1].start()
+            assert started.wait(60), f"no {model} stream started"
+        grpc_results = {}
+        for model in ("tensorrt_llm_bls", "ensemble"):
+            grpc_results[model] = BackgroundGrpcStream(server, model)
+        for model, stream in grpc_results.items():
+            assert stream.started.wait(60), f"no gRPC {model} stream started"
+        footprint = Footprint.of(server.process.pid)
+        stop_cleanly(server, footprint, how)
+        for thread in threads:
+            thread.join(30)
+        for model in ("tensorrt_llm_bls", "ensemble"):
+            last = outcome[f"http {model}"][-1]
+            assert SHUTDOWN in last.get("error", ""), (model, last)
+            result = grpc_results[model].result(30)
+            assert not result.completed and SHUTDOWN in (result.error or ""), (model, result.error)
+
+
+class BackgroundGrpcStream:
+    """A 20 s gRPC stream on a thread; `started` once its first response came."""
+
+    def __init__(self, server: TritonServer, model: str):
+        self.started = threading.Event()
+        self._result = None
+        inputs = {"text_input": [["tell me"]], "max_tokens": np.array([[4000]], np.int32), "stream": [[True]],
+                  "end_id": np.array([[-1]], np.int32)}
+        self._thread = threading.Thread(target=self._run, args=(server, model, inputs), daemon=True)
+        self._thread.start()
+
+    def _run(self, server: TritonServer, model: str, inputs: dict) -> None:
+        self._result = grpc_stream(server.grpc_url, model, inputs, ["text_output"], timeout=120,
+                                   on_response=lambda: self.started.set())
+
+    def result(self, timeout_s: float):
+        self._thread.join(timeout_s)
+        assert not self._thread.is_alive(), "the gRPC stream did not end"
+        return self._result
+
+
+def wait_engine_idle(server: TritonServer, timeout_s: float = 60.0) -> None:
+    """The engine holds no sequence (its gauges): whatever the clients left has been cancelled or has finished."""
+    deadline = time.monotonic() + timeout_s
+    while (held := sum(metric_values(server.metrics_url, f"embedded_engine_{state}_sequences").get("tensorrt_llm", 0)
+                       for state in ("active", "queued"))) != 0:
+        assert time.monotonic() < deadline, f"the engine still holds {held} sequences"
+        time.sleep(0.2)
+
+
+def abandon_http_generate(server: TritonServer, model: str, body: dict) -> None:
+    """A non-streamed request whose client gives up (a 0.5 s timeout) and closes the connection."""
+    host, _, port = server.http_url.rpartition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=0.5)
+    try:
+        connection.request("POST", f"/v2/models/{model}/generate", json.dumps(body),
+                           {"Content-Type": "application/json"})
+        with pytest.raises(TimeoutError):
+            connection.getresponse()
+    finally:
+        connection.close()
+
+
+def close_http_stream(server: TritonServer, model: str, after: int) -> None:
+    session = HttpSession(server.http_url, timeout_s=60)
+    events = session.stream_events(model, LONG_STREAM)
+    for _ in range(after):
+        next(events)
+    events.close()  # closes the connection: the client has gone
+
+
+async def api_generations(server: TritonServer, full: int, closed: int, abandoned: int) -> None:
+    """tensorrt_llm_bls as the OpenAI API calls it (openai_api.triton.TritonBls): generations read to their end,
+    generations its client left after two responses, and generations whose client gave up before any."""
+    bls = TritonBls(server.grpc_url)
+    inputs = {"text_input": text("tell me"), "stream": scalar(True, bool), "end_id": scalar(-1, np.int32)}
+
+    async def read_to_end() -> None:
+        responses = [r async for r in bls.generate({**inputs, "max_tokens": scalar(20, np.int32)})]
+        assert responses[-1].finish_reason == "length"
+
+    async def leave_after_two() -> None:
+        generation = bls.generate({**inputs, "max_tokens": scalar(4000, np.int32)})
+        for _ in range(2):
+            await anext(generation)
+        await generation.aclose()
+
+    async def give_up() -> None:
+        async def read() -> None:
+            async for _ in bls.generate({**inputs, "max_tokens": scalar(4000, np.int32)}):
+                pass
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(read(), 0.3)
+
+    try:
+        await asyncio.gather(*[read_to_end() for _ in range(full)], *[leave_after_two() for _ in range(closed)],
+                             *[give_up() for _ in range(abandoned)])
+    finally:
+        await bls.close()
+
+
+def test_a_stop_after_clients_left_mid_request_is_clean(paced_repo, tmp_path):
+    """Issue 47: after clients left mid-request (HTTP streams closed, gRPC streams cancelled, non-streamed requests
+    abandoned by a client timeout, and the OpenAI API's generations: read to the end, left, given up), and the engine
+    idle, tritonserver stopped on its exit timeout with tensorrt_llm_bls never unloaded (10 API generations read to
+    their end were enough). Now the stop is clean."""
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
+        inputs = {"text_input": [["tell me"]], "max_tokens": np.array([[4000]], np.int32), "stream": [[True]],
+                  "end_id": np.array([[-1]], np.int32)}
+        clients = [threading.Thread(target=close_http_stream, args=(server, model, 2))
+                   for model in ("tensorrt_llm_bls", "ensemble") for _ in range(3)]
+        clients += [threading.Thread(target=grpc_stream, args=(server.grpc_url, model, inputs, ["text_output"]),
+                                     kwargs={"cancel_after": 2}) for model in ("tensorrt_llm_bls", "ensemble")
+                    for _ in range(2)]
+        given_up = {**LONG_STREAM, "max_tokens": 1000, "stream": False}
+        clients += [threading.Thread(target=abandon_http_generate, args=(server, model, given_up))
+                    for model in ("tensorrt_llm_bls", "ensemble") for _ in range(2)]
+        for client in clients:
+            client.start()
+        asyncio.run(api_generations(server, full=10, closed=4, abandoned=4))
+        for client in clients:
+            client.join(60)
+            assert not client.is_alive()
+        wait_engine_idle(server)
+        stop_cleanly(server, Footprint.of(server.process.pid))
+
+
+def test_a_unary_stop_lets_the_requests_in_flight_finish(unary_repo, tmp_path):
+    """The unary topology (no stream to end: a request is one response): the requests running when the stop comes
+    finish (2 s of generation each), then the server exits 0, leaving nothing."""
+    with TritonServer(unary_repo, log_path=tmp_path / "tritonserver.log") as server:
+        outcome: dict = {}
+        body = {"text_input": "tell me", "max_tokens": 400, "end_id": -1}
+
+        def generate(model: str, index: int) -> None:
+            try:
+                outcome[(model, index)] = HttpSession(server.http_url, timeout_s=120).generate(model, body)
+            except HttpError as error:
+                outcome[(model, index)] = error
+
+        clients = [threading.Thread(target=generate, args=(model, i)) for model in ("tensorrt_llm_bls", "ensemble")
+                   for i in range(2)]
+        for client in clients:
+            client.start()
+        deadline = time.monotonic() + 60
+        while sum(metric_values(server.metrics_url, "embedded_engine_active_sequences").values()) < 2:
+            assert time.monotonic() < deadline, "the requests never reached the engine"
+            time.sleep(0.05)
+        stop_cleanly(server, Footprint.of(server.process.pid))
+        for client in clients:
+            client.join(30)
+        for key, answer in outcome.items():
+            assert isinstance(answer, dict) and answer["text_output"], (key, answer)
+        assert len(outcome) == len(clients)
+
+
+def test_a_unary_stop_after_clients_gave_up_is_clean(unary_repo, tmp_path):
+    with TritonServer(unary_repo, log_path=tmp_path / "tritonserver.log") as server:
+        clients = [threading.Thread(target=abandon_http_generate, args=(server, model, {"text_input": "tell me",
+                                    "max_tokens": 400, "end_id": -1})) for model in ("tensorrt_llm_bls", "ensemble")
+                   for _ in range(2)]
+        for client in clients:
+            client.start()
+        for client in clients:
+            client.join(60)
+            assert not client.is_alive()
+        wait_engine_idle(server)
+        stop_cleanly(server, Footprint.of(server.process.pid))
