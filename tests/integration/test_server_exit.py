@@ -26,6 +26,7 @@ import os
 import signal
 import threading
 import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -286,24 +287,28 @@ async def api_generations(server: TritonServer, full: int, closed: int, abandone
         await bls.close()
 
 
+def leave_mid_request(server: TritonServer, model: str) -> list[threading.Thread]:
+    """Clients of `model` that leave mid-request: HTTP streams closed after two events, gRPC streams cancelled after
+    two responses, non-streamed requests abandoned by a client timeout. Started; the caller joins them."""
+    inputs = {"text_input": [["tell me"]], "max_tokens": np.array([[4000]], np.int32), "stream": [[True]],
+              "end_id": np.array([[-1]], np.int32)}
+    given_up = {**LONG_STREAM, "max_tokens": 1000, "stream": False}
+    clients = [threading.Thread(target=close_http_stream, args=(server, model, 2)) for _ in range(3)]
+    clients += [threading.Thread(target=grpc_stream, args=(server.grpc_url, model, inputs, ["text_output"]),
+                                 kwargs={"cancel_after": 2}) for _ in range(2)]
+    clients += [threading.Thread(target=abandon_http_generate, args=(server, model, given_up)) for _ in range(2)]
+    for client in clients:
+        client.start()
+    return clients
+
+
 def test_a_stop_after_clients_left_mid_request_is_clean(paced_repo, tmp_path):
-    """Issue 47: after clients left mid-request (HTTP streams closed, gRPC streams cancelled, non-streamed requests
-    abandoned by a client timeout, and the OpenAI API's generations: read to the end, left, given up), and the engine
-    idle, tritonserver stopped on its exit timeout with tensorrt_llm_bls never unloaded (10 API generations read to
-    their end were enough). Now the stop is clean."""
+    """Issue 47: after clients left tensorrt_llm_bls mid-request (HTTP streams closed, gRPC streams cancelled,
+    non-streamed requests abandoned by a client timeout, and the OpenAI API's generations: read to their end, left,
+    given up), with the engine idle, tritonserver stopped on its exit timeout, tensorrt_llm_bls never unloaded (10
+    API generations read to their end were enough: openai_api.triton._call_ended). Now the stop is clean."""
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
-        inputs = {"text_input": [["tell me"]], "max_tokens": np.array([[4000]], np.int32), "stream": [[True]],
-                  "end_id": np.array([[-1]], np.int32)}
-        clients = [threading.Thread(target=close_http_stream, args=(server, model, 2))
-                   for model in ("tensorrt_llm_bls", "ensemble") for _ in range(3)]
-        clients += [threading.Thread(target=grpc_stream, args=(server.grpc_url, model, inputs, ["text_output"]),
-                                     kwargs={"cancel_after": 2}) for model in ("tensorrt_llm_bls", "ensemble")
-                    for _ in range(2)]
-        given_up = {**LONG_STREAM, "max_tokens": 1000, "stream": False}
-        clients += [threading.Thread(target=abandon_http_generate, args=(server, model, given_up))
-                    for model in ("tensorrt_llm_bls", "ensemble") for _ in range(2)]
-        for client in clients:
-            client.start()
+        clients = leave_mid_request(server, "tensorrt_llm_bls")
         asyncio.run(api_generations(server, full=10, closed=4, abandoned=4))
         for client in clients:
             client.join(60)
@@ -312,33 +317,61 @@ def test_a_stop_after_clients_left_mid_request_is_clean(paced_repo, tmp_path):
         stop_cleanly(server, Footprint.of(server.process.pid))
 
 
+def test_a_stop_after_ensemble_clients_left_mid_request_is_clean(paced_repo, tmp_path):
+    """The same through the ensemble. Triton 2.51's ensemble keeps a request whose client left in flight forever: it
+    cancels the next steps (postprocessing's), fails the request at the first one refused, and from then on drops the
+    steps that complete, so its in-flight step count never reaches 0 (core's ensemble_scheduler.cc, r24.10; fixed by
+    core #466, in r26.02 and later: the 26.07 container has it), and its stop waits out the exit timeout. On 2.51
+    that known failure is an expected one; on any other server it fails."""
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as response:
+            version = json.load(response)["version"]
+        clients = leave_mid_request(server, "ensemble")
+        for client in clients:
+            client.join(60)
+            assert not client.is_alive()
+        wait_engine_idle(server)
+        footprint = Footprint.of(server.process.pid)
+        if version == "2.51.0":
+            server.process.send_signal(signal.SIGTERM)
+            status = server.process.wait(server.exit_timeout_s + 30)
+            log = server.log_path.read_text(errors="replace")
+            if status != 0 and "Model 'ensemble' (version 1) has" in log:
+                pytest.xfail("Triton 2.51's ensemble keeps a request whose client left in flight (core #466)")
+            assert status == 0, server._log_hint()
+        else:
+            stop_cleanly(server, footprint)
+
+
 def test_a_unary_stop_lets_the_requests_in_flight_finish(unary_repo, tmp_path):
-    """The unary topology (no stream to end: a request is one response): the requests running when the stop comes
-    finish (2 s of generation each), then the server exits 0, leaving nothing."""
+    """The unary topology (no stream to end: a request is one response): requests running when the stop comes
+    finish (at least 2 s each: 400 steps of 5 ms), then the server exits 0, leaving nothing. Each answer comes after
+    the stop was sent: they were in flight (a request arriving after it is refused). Their time counts into the exit
+    timeout (docs/operations.md, "Stopping the server")."""
     with TritonServer(unary_repo, log_path=tmp_path / "tritonserver.log") as server:
-        outcome: dict = {}
+        answers: dict = {}
         body = {"text_input": "tell me", "max_tokens": 400, "end_id": -1}
 
         def generate(model: str, index: int) -> None:
             try:
-                outcome[(model, index)] = HttpSession(server.http_url, timeout_s=120).generate(model, body)
+                answers[(model, index)] = (HttpSession(server.http_url, timeout_s=120).generate(model, body),
+                                           time.monotonic())
             except HttpError as error:
-                outcome[(model, index)] = error
+                answers[(model, index)] = (error, time.monotonic())
 
-        clients = [threading.Thread(target=generate, args=(model, i)) for model in ("tensorrt_llm_bls", "ensemble")
-                   for i in range(2)]
+        clients = [threading.Thread(target=generate, args=(model, 0)) for model in ("tensorrt_llm_bls", "ensemble")]
         for client in clients:
             client.start()
-        deadline = time.monotonic() + 60
-        while sum(metric_values(server.metrics_url, "embedded_engine_active_sequences").values()) < 2:
-            assert time.monotonic() < deadline, "the requests never reached the engine"
-            time.sleep(0.05)
-        stop_cleanly(server, Footprint.of(server.process.pid))
+        time.sleep(1.0)  # into their generation (answers before the stop fail the test below)
+        footprint = Footprint.of(server.process.pid)
+        stop_sent = time.monotonic()
+        stop_cleanly(server, footprint)
         for client in clients:
             client.join(30)
-        for key, answer in outcome.items():
+        assert len(answers) == len(clients)
+        for key, (answer, answered) in answers.items():
             assert isinstance(answer, dict) and answer["text_output"], (key, answer)
-        assert len(outcome) == len(clients)
+            assert answered > stop_sent, f"{key} was answered before the stop: not in flight"
 
 
 def test_a_unary_stop_after_clients_gave_up_is_clean(unary_repo, tmp_path):
