@@ -26,6 +26,9 @@
 // 6. Engine calls: the Python model's own requests to the engines the config names (`engine_models`) go through
 //    the relay on the same connection: each is sent in-process (TRITONSERVER_ServerInferAsync) and every engine
 //    response is written back as a frame, as it comes.
+// 7. When tritonserver begins to stop, every stream ends at once with kShutdownMessage, its child is cancelled (its
+//    process told, as for a client's cancellation) and every engine call is cancelled (ServerExiting says why the
+//    relay must notice the stop itself).
 //
 // Who may talk to it (the relay runs inside tritonserver and can start inferences on its models, so the socket
 // is a way into the server): both of

@@ -24,25 +24,30 @@ import http.client
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import numpy as np
 import psutil
 import pytest
 
 from engine_build.repository import RepositorySettings, assemble_repository
 from openai_api.triton import TritonBls, scalar, text
-from serving.tritonserver import TritonServer
+from serving.tritonserver import ServerPorts, TritonServer, answers_200, exit_timeout_s
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, HttpSession
 from testkit.metrics import metric_values
+from testkit.openai_api import free_port
 from testkit.processes import triton_processes
 from tests.integration.conftest import ASSETS
 
+ROOT = Path(__file__).resolve().parents[2]
 # The watch's poll, with room for a loaded 2-core host.
 STUBS_GONE_WITHIN_S = 5.0
 LONG_STREAM = {"text_input": "tell me", "max_tokens": 4000, "end_id": -1, "stream": True}  # 20 s at 5 ms a step
@@ -132,14 +137,15 @@ class Footprint:
     relay_directories: list[str]
 
     @classmethod
-    def of(cls, server_pid: int) -> Footprint:
-        processes = [psutil.Process(server_pid), *psutil.Process(server_pid).children(recursive=True)]
+    def of(cls, root_pid: int) -> Footprint:
+        """Of the process `root_pid` (tritonserver, or `serve`) and its descendants."""
+        processes = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
         shared_memory = set()
         for process in processes:
             with contextlib.suppress(psutil.Error):
                 shared_memory |= {m.path for m in process.memory_maps(grouped=True) if m.path.startswith("/dev/shm/")}
-        directories = sorted({found for base in RELAY_DIRECTORIES if base
-                              for found in glob.glob(f"{base}/llama3_relay.{server_pid}.*")})
+        directories = sorted({found for base in RELAY_DIRECTORIES if base for process in processes
+                              for found in glob.glob(f"{base}/llama3_relay.{process.pid}.*")})
         return cls(processes, shared_memory, directories)
 
     def left(self) -> list[str]:
@@ -386,3 +392,54 @@ def test_a_unary_stop_after_clients_gave_up_is_clean(unary_repo, tmp_path):
             assert not client.is_alive()
         wait_engine_idle(server)
         stop_cleanly(server, Footprint.of(server.process.pid))
+
+
+def test_ctrl_c_of_serve_stops_tritonserver_then_the_api_cleanly(paced_repo, tmp_path):
+    """`make serve`'s Ctrl-C: `python -m serving.tritonserver serve` gets SIGINT (alone: tritonserver and the API run
+    in sessions of their own), stops tritonserver, whose error ends the API's stream in flight as its last event, then
+    the API, and exits 0, leaving nothing."""
+    ports, api_port = ServerPorts.free(), free_port()
+    with open(tmp_path / "serve.log", "wb") as log:
+        serve = subprocess.Popen(
+            [sys.executable, "-m", "serving.tritonserver", "serve", "--repo", str(paced_repo), "--http-port",
+             str(ports.http), "--grpc-port", str(ports.grpc), "--metrics-port", str(ports.metrics), "--api-port",
+             str(api_port)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=ROOT)
+    try:
+        base = f"http://127.0.0.1:{api_port}"
+        deadline = time.monotonic() + 300
+        while not answers_200(f"{base}/health/ready"):
+            assert serve.poll() is None and time.monotonic() < deadline, (tmp_path / "serve.log").read_text()
+            time.sleep(0.5)
+        model = httpx.get(f"{base}/v1/models", timeout=10).json()["data"][0]["id"]
+        events: list[str] = []
+        started = threading.Event()
+
+        def chat() -> None:
+            body = {"model": model, "messages": [{"role": "user", "content": "tell me"}], "max_tokens": 4000,
+                    "stream": True}
+            with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data:"):
+                        events.append(line[5:].strip())
+                        started.set()
+
+        client = threading.Thread(target=chat, daemon=True)
+        client.start()
+        assert started.wait(60), "the API's stream never started"
+        footprint = Footprint.of(serve.pid)
+        serve.send_signal(signal.SIGINT)
+        status = serve.wait(exit_timeout_s(json.loads((paced_repo / "repository.json").read_text())) + 60)
+        output = (tmp_path / "serve.log").read_text(errors="replace")
+        assert status == 0, output[-3000:]
+        assert "Exit timeout expired" not in output
+        client.join(30)
+        last = json.loads(events[-1])
+        assert SHUTDOWN in last["error"]["message"], events[-3:]
+        deadline = time.monotonic() + LEFTOVERS_GONE_WITHIN_S
+        while left := footprint.left():
+            assert time.monotonic() < deadline, f"left after the stop: {left}"
+            time.sleep(0.1)
+    finally:
+        if serve.poll() is None:
+            os.killpg(serve.pid, signal.SIGKILL)
+            serve.wait()
