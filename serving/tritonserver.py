@@ -400,7 +400,10 @@ def stop_in_order(server: subprocess.Popen, api_process: subprocess.Popen | None
     """A clean stop of what `serve` runs: tritonserver first (SIGTERM: the streams still running end with an error
     their clients read, the API's included, which the API passes on as its streams' last event; tritonserver bounds
     its own stop by --exit-timeout-secs), then the API (SIGTERM: uvicorn's graceful shutdown, nothing left in flight).
-    The exit status: tritonserver's, else the API's; 0 when both stopped cleanly."""
+    The exit status: tritonserver's, else the API's; 0 when both stopped cleanly. uvicorn (0.54.0, the `api` extra's)
+    ends a graceful shutdown by raising the signal that started it again (uvicorn/server.py, capture_signals), so the
+    API's SIGTERM status after ours is its clean stop: it was this exit status, 241 (-15), that `make serve`'s Ctrl-C
+    ended with (issue 47)."""
     if server.poll() is None:
         server.send_signal(signal.SIGTERM)
     status = server.wait()
@@ -408,7 +411,9 @@ def stop_in_order(server: subprocess.Popen, api_process: subprocess.Popen | None
         return status
     if api_process.poll() is None:
         api_process.terminate()
-    api_status = api_process.wait()
+        api_status = 0 if api_process.wait() == -signal.SIGTERM else api_process.returncode
+    else:
+        api_status = api_process.returncode
     return status or api_status
 
 

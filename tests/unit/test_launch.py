@@ -4,6 +4,9 @@ triton_backend/scripts/launch_triton_server.py does (read from its source; not r
 from __future__ import annotations
 
 import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,3 +128,27 @@ def test_launch_passes_the_repositorys_exit_timeout(tmp_path):
     (tmp_path / "repository.json").write_text(json.dumps({"engine": "embedded", "bls_instance_count": 16}))
     command, _ = tritonserver.launch(tmp_path, ServerPorts())
     assert f"--exit-timeout-secs={5 + 16 * 3}" in command
+
+
+def _child(code: str) -> subprocess.Popen:
+    """A Python child that says when its SIGTERM handler is in place (then `code` runs in the handler)."""
+    script = ("import signal, sys, time\n"
+              f"def stop(signum, frame):\n    {code}\n"
+              "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+def test_stop_in_order_stops_tritonserver_then_the_api_and_says_how_it_went():
+    """tritonserver first, then the API; the API's own SIGTERM after a graceful shutdown (uvicorn raises it again) is a
+    clean stop; tritonserver's failure is the status."""
+    server = _child("sys.exit(0)")
+    api = _child("signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.raise_signal(signal.SIGTERM)")
+    assert tritonserver.stop_in_order(server, api) == 0
+    assert server.returncode == 0 and api.returncode == -signal.SIGTERM
+    failing_server, api = _child("sys.exit(1)"), _child("sys.exit(0)")
+    assert tritonserver.stop_in_order(failing_server, api) == 1
+    assert api.returncode == 0  # stopped all the same
+    server, failing_api = _child("sys.exit(0)"), _child("sys.exit(3)")
+    assert tritonserver.stop_in_order(server, failing_api) == 3
