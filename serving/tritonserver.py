@@ -402,8 +402,7 @@ def stop_in_order(server: subprocess.Popen, api_process: subprocess.Popen | None
     its own stop by --exit-timeout-secs), then the API (SIGTERM: uvicorn's graceful shutdown, nothing left in flight).
     The exit status: tritonserver's, else the API's; 0 when both stopped cleanly. uvicorn (0.54.0, the `api` extra's)
     ends a graceful shutdown by raising the signal that started it again (uvicorn/server.py, capture_signals), so the
-    API's SIGTERM status after ours is its clean stop: it was this exit status, 241 (-15), that `make serve`'s Ctrl-C
-    ended with (issue 47)."""
+    API's SIGTERM status after ours is its clean stop (passed on, it would be exit status 241)."""
     if server.poll() is None:
         server.send_signal(signal.SIGTERM)
     status = server.wait()
