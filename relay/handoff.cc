@@ -368,7 +368,15 @@ void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Reque
   bool cancelled = false;
   LogFailure(TRITONBACKEND_RequestIsCancelled(request, &cancelled), "cancellation");
   TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_CANCELLED;
-  const std::string failure = cancelled ? "the request was cancelled" : Start(stream.get(), &code);
+  std::string failure;
+  if (cancelled) {
+    failure = "the request was cancelled";
+  } else if (exiting_) {  // requests still come while Triton's frontends drain: refused
+    code = TRITONSERVER_ERROR_UNAVAILABLE;
+    failure = model_name_ + ": " + kShutdownMessage;
+  } else {
+    failure = Start(stream.get(), &code);
+  }
   if (failure.empty()) {
     stream.release();  // the engine's callbacks own it now
     return;

@@ -98,7 +98,7 @@ class Handoff : public ModelRole {
   std::atomic<uint64_t> next_stream_{0};
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<bool> stopping_{false};
-  std::atomic<bool> exiting_{false};  // the server is shutting down: every stream ends with kShutdownMessage
+  std::atomic<bool> exiting_{false};  // the server is shutting down: streams end with kShutdownMessage, new ones refused
   // The streams whose engine request Triton holds (from just before InferAsync until Done), for the exit watch.
   std::mutex live_mutex_;
   std::unordered_set<HandoffStream*> live_;

@@ -262,7 +262,7 @@ class Relay : public ModelRole {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // a byte written to wake_[1] wakes the reader (child completed, or stopping)
   std::atomic<bool> stopping_{false};
-  bool exiting_ = false;  // the server is shutting down and the streams were ended (the reader's alone)
+  std::atomic<bool> exiting_{false};  // the server is shutting down: streams ended, new ones refused
   std::thread reader_;
   TRITONSERVER_ResponseAllocator* allocator_ = nullptr;  // the children's (they send no outputs)
   TRITONSERVER_ResponseAllocator* engine_allocator_ = nullptr;  // engine calls' outputs, on the heap

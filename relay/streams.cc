@@ -79,7 +79,8 @@ void Relay::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request
     stream->token = StreamToken(key_, stream->id);
     streams_.emplace(stream->id, std::move(owned));
   }
-  const std::string failure = Start(stream);
+  // Requests still come while Triton's frontends drain (docs/operations.md, "Stopping the server"): refused.
+  const std::string failure = exiting_ ? kShutdownMessage : Start(stream);
   if (failure.empty()) return;
   std::vector<Finished> to_release;
   {

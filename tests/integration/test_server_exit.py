@@ -443,3 +443,30 @@ def test_ctrl_c_of_serve_stops_tritonserver_then_the_api_cleanly(paced_repo, tmp
         if serve.poll() is None:
             os.killpg(serve.pid, signal.SIGKILL)
             serve.wait()
+
+
+def test_requests_during_the_stop_are_refused_with_the_shutdown_error(paced_repo, tmp_path):
+    """Triton's HTTP frontend waits for every open connection before it stops the models, and requests still come on
+    the connections it waits for: the relay and the handoff refuse them with the shutdown's error (a keep-alive
+    connection held open here). Once the client closes it, the stop goes on, clean."""
+    with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
+        sessions = {model: HttpSession(server.http_url, timeout_s=60) for model in ("tensorrt_llm_bls", "ensemble")}
+        short = {"text_input": "tell me", "max_tokens": 3}
+        for model, session in sessions.items():
+            assert session.generate(model, short)["text_output"]
+        footprint = Footprint.of(server.process.pid)
+        server.process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while server.log_path.read_text(errors="replace").count(SHUTDOWN) < 2:  # the relay's and the handoff's word
+            assert time.monotonic() < deadline, "neither the relay nor the handoff saw the stop"
+            time.sleep(0.1)
+        for model, session in sessions.items():
+            with pytest.raises(HttpError, match=SHUTDOWN):
+                session.generate(model, short)
+            session.close()
+        status = server.process.wait(server.exit_timeout_s + 30)
+        assert status == 0, server._log_hint()
+        deadline = time.monotonic() + LEFTOVERS_GONE_WITHIN_S
+        while left := footprint.left():
+            assert time.monotonic() < deadline, f"left after the stop: {left}"
+            time.sleep(0.1)
