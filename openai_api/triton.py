@@ -112,9 +112,11 @@ async def _call_ended(stream) -> bool:
 
     Cancelling such a call instead leaks it in Triton 2.51's gRPC frontend (src/grpc/stream_infer_handler.cc, r24.10):
     the stream's request state is never released, and with it the request object, which holds its model (core's
-    InferenceRequest::model_shared_), so tensorrt_llm_bls never unloads and a stop runs into --exit-timeout-secs
-    (tests/integration/test_server_exit.py reproduces it: 10 streams each cancelled after its final response). The
-    26.07 frontend's stream cancellation path is the same code (server r26.07; not run here)."""
+    InferenceRequest::model_shared_), so tensorrt_llm_bls never unloads and a stop runs into --exit-timeout-secs (10
+    generations cancelled after their final response were enough here; test_server_exit.py's
+    test_a_stop_after_clients_left_mid_request_is_clean). The 26.07 frontend's stream cancellation path is the same
+    code (server r26.07; not run here). The final response is handed on once the call has ended: Triton ends it right
+    after writing that response, as this client has closed its request stream."""
     async def drain() -> None:
         async for _ in stream:
             pass
