@@ -140,6 +140,8 @@ class Footprint:
     def of(cls, root_pid: int) -> Footprint:
         """Of the process `root_pid` (tritonserver, or `serve`) and its descendants."""
         processes = [psutil.Process(root_pid), *psutil.Process(root_pid).children(recursive=True)]
+        for process in processes:  # what it was, for the message should it be left (read now: it may end any time)
+            process.info = {"cmdline": process.cmdline() or [process.name()]}
         shared_memory = set()
         for process in processes:
             with contextlib.suppress(psutil.Error):
@@ -149,7 +151,7 @@ class Footprint:
         return cls(processes, shared_memory, directories)
 
     def left(self) -> list[str]:
-        return ([f"process {p.pid} ({p.name()})" for p in self.processes if alive(p)] +
+        return ([f"process {p.pid} ({' '.join(p.info['cmdline'][:2])})" for p in self.processes if alive(p)] +
                 [path for path in self.shared_memory if os.path.exists(path)] +
                 [path for path in self.relay_directories if os.path.exists(path)])
 
