@@ -40,6 +40,8 @@ UNAVAILABLE_MARKS = (
     "please try again later",  # TensorRT-LLM's executor queue (cpp/tensorrt_llm/executor/executorImpl.cpp:
     #                            "Maximum queue size of %d has been reached, please try again later")
     "is not healthy",  # a Python backend stub that died: "Stub process '<instance>' is not healthy."
+    "is shutting down",  # the relay's and the handoff's word to streams a stop ends (relay/relay.h kShutdownMessage)
+    "Server is stopping",  # Triton core's to a request that arrives during a stop (dynamic_batch_scheduler.cc)
 )
 
 # Triton's words for a model it does not serve ("Request for unknown model: '<name>' is not found").

@@ -34,6 +34,7 @@ from serving.tritonserver import (
     CONTAINER_TRITONSERVER,
     ORCHESTRATOR_ENVIRONMENT,
     ServerPorts,
+    exit_timeout_s,
     llm_spawns_ranks,
     needs_orchestrator,
     server_command,
@@ -66,6 +67,7 @@ class RepositoryFacts:
     llm_spawns_ranks: bool  # llmapi: one tritonserver, the LLM starts its own ranks
     gpu: bool  # TensorRT-LLM serves it (trtllm, or llmapi with llm tensorrt_llm; not its CPU stand-in)
     engine_models: tuple[str, ...]
+    exit_timeout_s: int  # tritonserver's --exit-timeout-secs, sized from the repository's instance counts
     digest: str  # sha256 of repository.json (which holds every file's sha256): changes with any file
 
     @classmethod
@@ -92,6 +94,7 @@ class RepositoryFacts:
             llm_spawns_ranks=llm_spawns_ranks(manifest),
             gpu=engine == "trtllm" or (engine == "llmapi" and manifest.get("llm") == "tensorrt_llm"),
             engine_models=("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",),
+            exit_timeout_s=exit_timeout_s(manifest),
             digest=hashlib.sha256(raw).hexdigest(),
         )
 
@@ -139,13 +142,10 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
 
     ports = ServerPorts(8000, 8001, 8002)
     triton_command = server_command(
-        Path(facts.serve_path), ports, address="0.0.0.0", world_size=facts.world_size,
-        engine_model_names=facts.engine_models, orchestrator=facts.orchestrator,
+        Path(facts.serve_path), ports, exit_timeout=facts.exit_timeout_s, address="0.0.0.0",
+        world_size=facts.world_size, engine_model_names=facts.engine_models, orchestrator=facts.orchestrator,
         extra_args=tuple(v["triton"]["extraArgs"]), install=CONTAINER_TRITONSERVER, gpu=facts.gpu,
         llm_spawns_ranks=facts.llm_spawns_ranks)
-    # The pod's grace period is built around exitTimeoutSeconds, not server_command's local default.
-    triton_command = [f"--exit-timeout-secs={v['triton']['exitTimeoutSeconds']}"
-                      if arg.startswith("--exit-timeout-secs=") else arg for arg in triton_command]
     triton_env = dict(ORCHESTRATOR_ENVIRONMENT) if facts.orchestrator else {}
     requests = dict(v["triton"]["resources"].get("requests", {}))
     limits = dict(v["triton"]["resources"].get("limits", {}))

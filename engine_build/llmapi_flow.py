@@ -298,11 +298,13 @@ class LlmapiPlan:
                          self.quant, "--hf-model", str(self.target_hf), "--out", str(self.target_export), *kv])]
 
     def commands(self, repo: Path) -> list[Command]:
-        from serving.tritonserver import CONTAINER_TRITONSERVER, ServerPorts, server_command
+        from serving.tritonserver import CONTAINER_TRITONSERVER, ServerPorts, exit_timeout_s, server_command
 
         return [*self.build_commands(), Command(
             "serve (make serve-only)",
-            server_command(repo, ServerPorts(), world_size=self.world_size, install=CONTAINER_TRITONSERVER, gpu=True,
+            server_command(repo, ServerPorts(),
+                           exit_timeout=exit_timeout_s({"engine": "llmapi", "llm": "tensorrt_llm"}),
+                           world_size=self.world_size, install=CONTAINER_TRITONSERVER, gpu=True,
                            llm_spawns_ranks=True))]
 
 

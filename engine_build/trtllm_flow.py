@@ -110,13 +110,20 @@ class GpuPlan:
 
     def commands(self, repo: Path) -> list[Command]:
         """The build commands, then how `make serve-only` serves the result: what a dry run prints."""
-        from serving.tritonserver import CONTAINER_TRITONSERVER, ORCHESTRATOR_ENVIRONMENT, ServerPorts, server_command
+        from serving.tritonserver import (
+            CONTAINER_TRITONSERVER,
+            ORCHESTRATOR_ENVIRONMENT,
+            ServerPorts,
+            exit_timeout_s,
+            server_command,
+        )
 
         orchestrator = self.draft_hf is not None
         engines = ("tensorrt_llm", "tensorrt_llm_draft") if orchestrator else ("tensorrt_llm",)
         return [*self.build_commands(), Command(
             "serve (make serve)" + (": orchestrator mode, target and draft" if orchestrator else ""),
-            server_command(repo, ServerPorts(), world_size=self.world_size, engine_model_names=engines,
+            server_command(repo, ServerPorts(), exit_timeout=exit_timeout_s({"engine": "trtllm"}),
+                           world_size=self.world_size, engine_model_names=engines,
                            orchestrator=orchestrator, install=CONTAINER_TRITONSERVER, gpu=True),
             dict(ORCHESTRATOR_ENVIRONMENT) if orchestrator else {})]
 

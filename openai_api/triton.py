@@ -7,6 +7,7 @@ met) cancels the gRPC call, which Triton turns into the request's cancellation: 
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -78,23 +79,54 @@ class TritonBls:
         except InferenceServerException as error:
             raise ApiError(503, f"tritonserver at {self.url}: {error.message()}", type="server_error",
                            code="unavailable", retry_after=1) from None
+        ended = False  # the call is over on the server too: nothing to cancel
         try:
             async for result, error in stream:
                 if error is not None:
+                    ended = await _call_ended(stream)
                     raise from_triton(error.message())
                 response = _read(result)
-                yield response
                 if response.finish_reason is not None:
+                    ended = await _call_ended(stream)
+                    yield response
                     return
+                yield response
             raise ApiError(502, f"tritonserver ended the stream of request {request_id} without a final response",
                            type="server_error", code="bad_gateway")
         except grpc.aio.AioRpcError as error:  # the channel failed mid-stream (tritonclient's aio iterator raises it)
             raise ApiError(503, f"tritonserver at {self.url}: {error.details()}", type="server_error",
                            code="unavailable", retry_after=1) from None
         finally:
-            # Cancelling a call that has ended is a no-op; one that has not (the client left, a stop string was met)
-            # is cancelled on the server, which stops the engine.
-            stream.cancel()
+            # A call still running (the client left, a stop string was met) is cancelled on the server, which stops
+            # the engine. One whose request has ended is never cancelled: _call_ended says why.
+            if not ended:
+                stream.cancel()
+
+
+# How long a call whose request has ended may take to end on the server (it ends as soon as Triton has written the
+# final response: our only request was sent and the request stream closed); past it, it is cancelled after all.
+CALL_END_S = 5.0
+
+
+async def _call_ended(stream) -> bool:
+    """Reads a call whose request has ended (final response, or an error) until the server ends it: whether it did.
+
+    Cancelling such a call instead leaks it in Triton 2.51's gRPC frontend (src/grpc/stream_infer_handler.cc, r24.10):
+    the stream's request state is never released, and with it the request object, which holds its model (core's
+    InferenceRequest::model_shared_), so tensorrt_llm_bls never unloads and a stop runs into --exit-timeout-secs (10
+    generations cancelled after their final response were enough here; test_server_exit.py's
+    test_a_stop_after_clients_left_mid_request_is_clean). The 26.07 frontend's stream cancellation path is the same
+    code (server r26.07; not run here). The final response is handed on once the call has ended: Triton ends it right
+    after writing that response, as this client has closed its request stream."""
+    async def drain() -> None:
+        async for _ in stream:
+            pass
+
+    try:
+        await asyncio.wait_for(drain(), CALL_END_S)
+    except (TimeoutError, InferenceServerException):
+        return False
+    return True
 
 
 def _read(result) -> BlsResponse:

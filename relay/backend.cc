@@ -1,6 +1,12 @@
 // Triton's entry points (TRITONBACKEND_*), the model's config, and what every part of the relay shares.
+#include <signal.h>
+
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
+#include <mutex>
 
 #include "handoff.h"
 #include "relay.h"
@@ -67,6 +73,84 @@ std::string ReadOutput(TRITONSERVER_InferenceResponse* response, uint32_t index,
   return Failure(TRITONSERVER_InferenceResponseOutput(response, index, &output->name, &output->datatype, &output->shape,
                                                       &output->dims, &output->base, &output->byte_size,
                                                       &output->memory_type, &output->memory_type_id, &userp));
+}
+
+// Why the server's stop signal is watched, and not only its state: tritonserver's main (server src/main.cc, r24.10
+// and r26.07) answers SIGINT/SIGTERM by first draining its frontends, HTTP (waiting for every open connection to
+// close) and in 26.07 gRPC too (waiting for every call to end), each for up to --exit-timeout-secs, and only then
+// calls TRITONSERVER_ServerStop, from which on the core says it is exiting. A stream still running keeps its
+// connection open: it would run on through the whole drain, which then leaves the core no time to unload the models
+// (exit status 1). So the relay learns of the signal itself: once Triton has installed its handlers (with signal(),
+// right after TRITONSERVER_ServerNew loaded the models: src/triton_signal.cc RegisterSignalHandler), a handler of
+// ours is put in front of each; it notes the signal and calls Triton's. Finalize puts Triton's back before the
+// library can be unloaded.
+namespace {
+
+constexpr int kStopSignals[] = {SIGINT, SIGTERM};
+std::atomic<bool> stop_signal_seen{false};  // lock-free: set in the signal handler
+std::mutex chain_mutex;  // guards chained and previous (never taken in the handler)
+bool chained = false;
+struct sigaction previous[2];  // Triton's handlers, by kStopSignals' index
+
+void OnStopSignal(int signum) {
+  stop_signal_seen.store(true);
+  const struct sigaction& triton = previous[signum == SIGINT ? 0 : 1];
+  if ((triton.sa_flags & SA_SIGINFO) == 0 && triton.sa_handler != SIG_DFL && triton.sa_handler != SIG_IGN) {
+    triton.sa_handler(signum);
+  }
+}
+
+// Puts OnStopSignal in front of Triton's handlers once they are there (a handler for both signals); false until then.
+bool ChainStopSignals() {
+  std::lock_guard<std::mutex> lock(chain_mutex);
+  if (chained) return true;
+  struct sigaction current[2];
+  for (int i = 0; i < 2; ++i) {
+    if (sigaction(kStopSignals[i], nullptr, &current[i]) != 0) return false;
+    const bool handled = (current[i].sa_flags & SA_SIGINFO) == 0 && current[i].sa_handler != SIG_DFL &&
+                         current[i].sa_handler != SIG_IGN;
+    if (!handled) return false;  // the models load before Triton installs its handlers
+  }
+  struct sigaction ours {};
+  ours.sa_handler = OnStopSignal;
+  sigemptyset(&ours.sa_mask);
+  for (int i = 0; i < 2; ++i) {
+    previous[i] = current[i];
+    ours.sa_flags = current[i].sa_flags;
+    if (sigaction(kStopSignals[i], &ours, nullptr) != 0) {
+      Log(TRITONSERVER_LOG_ERROR, std::string("cannot watch the server's stop signals: ") + std::strerror(errno));
+      for (int j = 0; j < i; ++j) sigaction(kStopSignals[j], &previous[j], nullptr);
+      return false;
+    }
+  }
+  chained = true;
+  return true;
+}
+
+// Triton's own handlers back (TRITONBACKEND_Finalize: the library may be unloaded next), where ours still are.
+void UnchainStopSignals() {
+  std::lock_guard<std::mutex> lock(chain_mutex);
+  if (!chained) return;
+  for (int i = 0; i < 2; ++i) {
+    struct sigaction current {};
+    if (sigaction(kStopSignals[i], nullptr, &current) == 0 && current.sa_handler == OnStopSignal) {
+      sigaction(kStopSignals[i], &previous[i], nullptr);
+    }
+  }
+  chained = false;
+}
+
+}  // namespace
+
+bool ServerExiting(TRITONSERVER_Server* server) {
+  if (stop_signal_seen.load()) return true;
+  ChainStopSignals();
+  bool live = false;
+  TRITONSERVER_Error* error = TRITONSERVER_ServerIsLive(server, &live);
+  if (error == nullptr) return false;
+  const bool exiting = TRITONSERVER_ErrorCode(error) == TRITONSERVER_ERROR_UNAVAILABLE;
+  TRITONSERVER_ErrorDelete(error);
+  return exiting;
 }
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message) {
@@ -181,6 +265,11 @@ TRITONSERVER_Error* TRITONBACKEND_Initialize(TRITONBACKEND_Backend*) {
   Log(TRITONSERVER_LOG_VERBOSE, "backend API " + std::to_string(major) + "." + std::to_string(minor) +
                                     ", compiled against " + std::to_string(TRITONBACKEND_API_VERSION_MAJOR) + "." +
                                     std::to_string(TRITONBACKEND_API_VERSION_MINOR));
+  return nullptr;
+}
+
+TRITONSERVER_Error* TRITONBACKEND_Finalize(TRITONBACKEND_Backend*) {
+  llama3_relay::UnchainStopSignals();
   return nullptr;
 }
 

@@ -186,15 +186,17 @@ void Relay::StopEngineCalls(uint64_t connection) {
   }
 }
 
-bool Relay::StopAll() {
-  {
-    std::lock_guard<std::recursive_mutex> lock(mutex_);
-    for (auto& entry : calls_) {
-      EngineCall* call = entry.second.get();
-      call->connection = 0;
-      if (!call->complete) LogFailure(TRITONSERVER_InferenceRequestCancel(call->request), "cancelling an engine call");
-    }
+void Relay::CancelEngineCalls() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  for (auto& entry : calls_) {
+    EngineCall* call = entry.second.get();
+    call->connection = 0;
+    if (!call->complete) LogFailure(TRITONSERVER_InferenceRequestCancel(call->request), "cancelling an engine call");
   }
+}
+
+bool Relay::StopAll() {
+  CancelEngineCalls();
   const auto deadline = std::chrono::steady_clock::now() + kUnloadWait;
   while (std::chrono::steady_clock::now() < deadline) {
     {

@@ -289,6 +289,8 @@ TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::strin
     // The bench counts these threads' CPU by name (testkit/processes.py).
     pthread_setname_np(sender->thread.native_handle(), "handoff_sender");
   }
+  handoff->exit_watch_ = std::thread([raw = handoff.get()] { raw->WatchForShutdown(); });
+  pthread_setname_np(handoff->exit_watch_.native_handle(), "handoff_exit");
   Log(TRITONSERVER_LOG_INFO, handoff->model_name_ + ": forwards to " + engine + ", its responses re-sent from " +
                                  std::to_string(sender_threads) + " sender thread(s)");
   *out = handoff.release();
@@ -296,7 +298,12 @@ TRITONSERVER_Error* Handoff::Create(TRITONBACKEND_Model* model, const std::strin
 }
 
 Handoff::~Handoff() {
-  stopping_ = true;
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    stopping_ = true;
+  }
+  stop_watch_.notify_all();
+  if (exit_watch_.joinable()) exit_watch_.join();
   for (auto& sender : senders_) {
     {
       std::lock_guard<std::mutex> lock(sender->mutex);
@@ -308,6 +315,21 @@ Handoff::~Handoff() {
     if (sender->thread.joinable()) sender->thread.join();
   }
   if (allocator_ != nullptr) LogFailure(TRITONSERVER_ResponseAllocatorDelete(allocator_), "allocator");
+}
+
+void Handoff::WatchForShutdown() {
+  std::unique_lock<std::mutex> lock(live_mutex_);
+  while (!stop_watch_.wait_for(lock, kCancellationPeriod, [this] { return stopping_.load(); })) {
+    if (!ServerExiting(server_)) continue;
+    exiting_ = true;
+    // The lock keeps each stream (and its engine request) from Done until it is cancelled.
+    for (HandoffStream* stream : live_) {
+      LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
+    }
+    Log(TRITONSERVER_LOG_INFO, model_name_ + ": tritonserver is shutting down; the engine requests of " +
+                                   std::to_string(live_.size()) + " streams still running were cancelled");
+    return;
+  }
 }
 
 bool Handoff::StopAll() {
@@ -346,7 +368,15 @@ void Handoff::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Reque
   bool cancelled = false;
   LogFailure(TRITONBACKEND_RequestIsCancelled(request, &cancelled), "cancellation");
   TRITONSERVER_Error_Code code = TRITONSERVER_ERROR_CANCELLED;
-  const std::string failure = cancelled ? "the request was cancelled" : Start(stream.get(), &code);
+  std::string failure;
+  if (cancelled) {
+    failure = "the request was cancelled";
+  } else if (exiting_) {  // requests still come while Triton's frontends drain: refused
+    code = TRITONSERVER_ERROR_UNAVAILABLE;
+    failure = model_name_ + ": " + kShutdownMessage;
+  } else {
+    failure = Start(stream.get(), &code);
+  }
   if (failure.empty()) {
     stream.release();  // the engine's callbacks own it now
     return;
@@ -412,8 +442,16 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
   if (!failure.empty()) return model_name_ + ": " + failure;
   // From here Triton owns the engine request, and its callbacks may run before InferAsync returns. A refusal (the
   // engine's queue full, an input it rejects, the engine not loaded) goes to the client as Triton words it.
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    live_.insert(stream);
+  }
   TRITONSERVER_Error* refused = TRITONSERVER_ServerInferAsync(server_, engine_request, nullptr);
   if (refused == nullptr) return "";
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    live_.erase(stream);
+  }
   *code = TRITONSERVER_ErrorCode(refused);
   failure = TRITONSERVER_ErrorMessage(refused);
   TRITONSERVER_ErrorDelete(refused);
@@ -486,6 +524,13 @@ void Handoff::Send(Sender* sender) {
 void Handoff::Deliver(const Delivery& delivery) {
   HandoffStream* stream = delivery.stream;
   const bool final = (delivery.flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+  if (stream->factory != nullptr && exiting_) {
+    // Its engine request was cancelled (WatchForShutdown), unless it started after: nobody reads the rest.
+    if (!final) LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
+    SendError(stream, TRITONSERVER_ERROR_UNAVAILABLE, model_name_ + ": " + kShutdownMessage);
+    LogFailure(TRITONBACKEND_ResponseFactoryDelete(stream->factory), "response factory");
+    stream->factory = nullptr;
+  }
   if (stream->factory != nullptr) {
     bool cancelled = false;
     LogFailure(TRITONBACKEND_ResponseFactoryIsCancelled(stream->factory, &cancelled), "cancellation");
@@ -530,6 +575,10 @@ void Handoff::Deliver(const Delivery& delivery) {
 
 void Handoff::Done(HandoffStream* stream) {
   if (--stream->remaining != 0) return;
+  {
+    std::lock_guard<std::mutex> lock(live_mutex_);
+    live_.erase(stream);
+  }
   LogFailure(TRITONSERVER_InferenceRequestDelete(stream->engine_request), "engine request");
   ReleaseAll({{stream->instance, stream->request, !stream->failed, stream->arrived_ns}});
   delete stream;

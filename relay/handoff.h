@@ -20,7 +20,9 @@
 // (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's
 // ensemble cancels a step request only when it schedules the step, so the handoff sees it on arrival (answered CANCELLED, the engine never called) or, should a server pass it on
 // later, before a response is re-sent (the engine request is cancelled). Request priority (no backend API reads
-// it) and traces are not carried.
+// it) and traces are not carried. Shutdown: once tritonserver begins to stop (relay.h, kShutdownMessage), a thread of
+// the handoff cancels every engine request it forwarded, and each stream ends with the shutdown's error at its next
+// response (the engine answers a cancellation with a final response at once).
 //
 // What Triton no longer knows: its model dependency graph is built from ensemble steps only, so with the handoff
 // the ensemble depends on the handoff, not on the engine. Loading `ensemble` alone (explicit model control) does
@@ -30,6 +32,7 @@
 
 #include <condition_variable>
 #include <deque>
+#include <unordered_set>
 
 #include "relay.h"
 #include "request_metrics.h"
@@ -78,6 +81,9 @@ class Handoff : public ModelRole {
   // Once the engine request is released and the stream's final response has gone: the stream is forgotten and the
   // ensemble's request released.
   void Done(HandoffStream* stream);
+  // The exit watch's thread: every kCancellationPeriod, whether the server is shutting down; then every engine
+  // request still running is cancelled, once.
+  void WatchForShutdown();
   // What the metrics need of a request, read from its inputs on arrival.
   void ReadTiming(HandoffStream* stream);
   // Whether the engine repeats the prompt in its output when a request does not say (its exclude_input_in_output
@@ -92,6 +98,12 @@ class Handoff : public ModelRole {
   std::atomic<uint64_t> next_stream_{0};
   std::atomic<uint64_t> in_flight_{0};
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> exiting_{false};  // the server is shutting down: streams end with kShutdownMessage, new ones refused
+  // The streams whose engine request Triton holds (from just before InferAsync until Done), for the exit watch.
+  std::mutex live_mutex_;
+  std::unordered_set<HandoffStream*> live_;
+  std::condition_variable stop_watch_;  // with live_mutex_: stopping_ was set
+  std::thread exit_watch_;
   std::vector<uint8_t> token_classes_;  // each token id's TokenTextClass (handoff.cc), from make repo
   std::unique_ptr<RequestMetrics> metrics_;  // null: no metrics (they could not be created)
   std::mutex engine_config_mutex_;

@@ -26,6 +26,9 @@
 // 6. Engine calls: the Python model's own requests to the engines the config names (`engine_models`) go through
 //    the relay on the same connection: each is sent in-process (TRITONSERVER_ServerInferAsync) and every engine
 //    response is written back as a frame, as it comes.
+// 7. When tritonserver begins to stop, every stream ends at once with kShutdownMessage, its child is cancelled (its
+//    process told, as for a client's cancellation) and every engine call is cancelled (ServerExiting says why the
+//    relay must notice the stop itself).
 //
 // Who may talk to it (the relay runs inside tritonserver and can start inferences on its models, so the socket
 // is a way into the server): both of
@@ -79,6 +82,17 @@ constexpr size_t kMaxOutgoingBytes = size_t{1} << 30;
 constexpr int kReadsPerPass = 64;
 // Python processes connect once each (one per instance of each relayed model): more is a peer opening connections.
 constexpr size_t kMaxConnections = 1024;
+
+// What a stream still running gets when tritonserver begins to shut down: the relay and the handoff end every stream
+// at once, with this error, and stop the engine requests behind them, so that a stop ends within seconds (however
+// long the streams would have run) and every client reads why its stream ended. Triton itself waits for them
+// (its Stop waits, up to --exit-timeout-secs, for the models to unload, and a model unloads once its requests are
+// released) and has no way to tell a model that it stops (docs/operations.md, "Stopping the server").
+constexpr const char* kShutdownMessage = "tritonserver is shutting down; retry on another server";
+// Whether tritonserver has begun to shut down (SIGINT or SIGTERM): TRITONSERVER_ServerIsLive answers UNAVAILABLE
+// "Server exiting" from then on (core's InferenceServer::IsLive, src/server.cc, r24.10 to r26.06, the core of
+// Triton 26.07). A cheap call: an atomic read.
+bool ServerExiting(TRITONSERVER_Server* server);
 
 void Log(TRITONSERVER_LogLevel level, const std::string& message);
 // A failed call's message (the error released), or "" when it succeeded.
@@ -216,6 +230,9 @@ class Relay : public ModelRole {
   static void OnChildResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
   static void OnChildReleased(TRITONSERVER_InferenceRequest* child, const uint32_t flags, void* userp);
   void PassOnCancellations();
+  // tritonserver is shutting down: every stream ends now with kShutdownMessage, its child is cancelled (and its
+  // process told), and every engine call is cancelled. On the reader thread, once.
+  void EndForShutdown();
   // Ends every unfinished stream that `matches` with the error; how many it ended.
   size_t EndStreams(const std::function<bool(const Stream&)>& matches, TRITONSERVER_Error_Code code,
                     const std::string& message);
@@ -233,6 +250,7 @@ class Relay : public ModelRole {
   static void OnEngineReleased(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
   void ForgetIfDone(EngineCall* call);  // with mutex_ held
   void StopEngineCalls(uint64_t connection);
+  void CancelEngineCalls();  // every one, whoever started it (unload, shutdown)
 
   TRITONSERVER_Server* server_ = nullptr;
   std::string model_name_;
@@ -244,6 +262,7 @@ class Relay : public ModelRole {
   int listen_fd_ = -1;
   int wake_[2] = {-1, -1};  // a byte written to wake_[1] wakes the reader (child completed, or stopping)
   std::atomic<bool> stopping_{false};
+  std::atomic<bool> exiting_{false};  // the server is shutting down: streams ended, new ones refused
   std::thread reader_;
   TRITONSERVER_ResponseAllocator* allocator_ = nullptr;  // the children's (they send no outputs)
   TRITONSERVER_ResponseAllocator* engine_allocator_ = nullptr;  // engine calls' outputs, on the heap

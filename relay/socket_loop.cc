@@ -98,6 +98,7 @@ void Relay::StartReader(const std::string& thread_name) {
       const auto now = std::chrono::steady_clock::now();
       if (now - last_check >= kCancellationPeriod) {
         PassOnCancellations();
+        if (!exiting_ && ServerExiting(server_)) EndForShutdown();
         last_check = now;
       }
     }

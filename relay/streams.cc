@@ -79,7 +79,8 @@ void Relay::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request
     stream->token = StreamToken(key_, stream->id);
     streams_.emplace(stream->id, std::move(owned));
   }
-  const std::string failure = Start(stream);
+  // Requests still come while Triton's frontends drain (docs/operations.md, "Stopping the server"): refused.
+  const std::string failure = exiting_ ? kShutdownMessage : Start(stream);
   if (failure.empty()) return;
   std::vector<Finished> to_release;
   {
@@ -90,8 +91,10 @@ void Relay::Forward(TRITONBACKEND_ModelInstance* instance, TRITONBACKEND_Request
       stream->child = nullptr;
     }
     const bool invalid = failure.rfind("INVALID:", 0) == 0;
-    SendError(stream, invalid ? TRITONSERVER_ERROR_INVALID_ARG : TRITONSERVER_ERROR_UNAVAILABLE,
-              invalid ? failure.substr(8) : model_name_ + ": " + failure);
+    if (stream->factory != nullptr) {  // else a shutdown ended it meanwhile (EndForShutdown)
+      SendError(stream, invalid ? TRITONSERVER_ERROR_INVALID_ARG : TRITONSERVER_ERROR_UNAVAILABLE,
+                invalid ? failure.substr(8) : model_name_ + ": " + failure);
+    }
     stream->child_complete = true;
     ReleaseIfDone(stream, &to_release);
   }
@@ -274,7 +277,8 @@ std::string Relay::HandleStreamFrame(const Frame& frame, const std::vector<char>
         return "a claim of stream " + std::to_string(stream->id) + ", which another connection claimed";
       }
       stream->connection = connection->serial;
-      if (stream->cancel_passed_on && stream->factory != nullptr) TellCancelled(*stream);  // before its claim
+      // Cancelled before its claim: by its client, or ended by a shutdown (which leaves no factory).
+      if (stream->cancel_passed_on) TellCancelled(*stream);
       return "";
     }
     if (stream->connection != connection->serial) {
@@ -327,6 +331,27 @@ void Relay::PassOnCancellations() {
       if (stream->connection != 0) TellCancelled(*stream);  // else when its process claims it
     }
   }
+}
+
+void Relay::EndForShutdown() {
+  exiting_ = true;
+  {
+    std::lock_guard<std::recursive_mutex> lock(mutex_);
+    for (auto& entry : streams_) {
+      Stream* stream = entry.second.get();
+      if (stream->cancel_passed_on || stream->child_complete) continue;
+      stream->cancel_passed_on = true;
+      if (stream->child_started) {
+        LogFailure(TRITONSERVER_InferenceRequestCancel(stream->child), "cancelling the child request");
+      }
+      if (stream->connection != 0) TellCancelled(*stream);  // else when its process claims it
+    }
+  }
+  CancelEngineCalls();
+  const size_t ended = EndStreams([](const Stream&) { return true; }, TRITONSERVER_ERROR_UNAVAILABLE,
+                                  model_name_ + ": " + kShutdownMessage);
+  Log(TRITONSERVER_LOG_INFO, model_name_ + ": tritonserver is shutting down; " + std::to_string(ended) +
+                                 " streams still running ended with an error, their engine requests cancelled");
 }
 
 // Tells the stream's process that its client cancelled it (with the lock held).

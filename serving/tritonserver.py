@@ -129,10 +129,44 @@ class ServerPorts:
         return cls(*ports)
 
 
+# How long tritonserver may take to stop (--exit-timeout-secs), sized from what a stop takes, measured on the 2-core
+# CI host (docs/operations.md, "Stopping the server"). Its parts:
+# - the streams still running end within STREAMS_END_S of the signal (the relay and the handoff end them at once:
+#   relay/relay.h kShutdownMessage; measured 0.1-0.2 s), and the HTTP clients close their connections (Triton waits
+#   for every open HTTP connection before it stops the models: an idle keep-alive connection holds the stop up to
+#   the whole timeout, server src/http_server.cc HTTPServer::Stop, r24.10 and r26.07);
+# - then the models unload, all at once (core's ModelDeleter: a thread per model), but a model's instances one after
+#   another (core's ~TritonModel: instances_.clear()), and each Python instance's unload starts with python_backend's
+#   1 s health check (StubLauncher::UpdateHealth's sleep(1), r24.10 and r26.07) before its finalize and its stub's
+#   exit: 1.4-2.6 s an instance measured, so INSTANCE_UNLOAD_S each; on a 16-core host postprocessing's 8 instances
+#   alone took longer than the 10 s this used to pass (issue 47);
+# - the embedded engine's unload (the engine's thread, torch), measured 2.5-8 s on the loaded 2-core host:
+#   ENGINE_UNLOAD_S. TensorRT-LLM's (the GPU engine's) was not measured here: its repositories keep the 120 s
+#   deploy/ has always given tritonserver.
+STREAMS_END_S = 5
+STOP_MARGIN_S = 30  # past its exit timeout, a tritonserver that has not exited is killed (TritonServer.stop)
+INSTANCE_UNLOAD_S = 3
+ENGINE_UNLOAD_S = 15
+TRTLLM_EXIT_TIMEOUT_S = 120
+_INSTANCE_COUNTS = ("preprocessing_instance_count", "postprocessing_instance_count", "bls_instance_count",
+                    "engine_instance_count")
+
+
+def exit_timeout_s(manifest: dict) -> int:
+    """--exit-timeout-secs for a repository (its repository.json): the stop's parts above, for the model with the
+    most Python instances."""
+    engine = manifest.get("engine")
+    if engine == "trtllm" or (engine == "llmapi" and manifest.get("llm") == "tensorrt_llm"):
+        return TRTLLM_EXIT_TIMEOUT_S  # TensorRT-LLM's engine, C++ backend or LLM API alike
+    instances = max((int(manifest.get(key) or 1) for key in _INSTANCE_COUNTS), default=1)
+    return STREAMS_END_S + max(ENGINE_UNLOAD_S, INSTANCE_UNLOAD_S * instances)
+
+
 def server_command(
     repo: Path,
     ports: ServerPorts,
     *,
+    exit_timeout: int,
     address: str = "0.0.0.0",
     world_size: int = 1,
     engine_model_names: tuple[str, ...] = ("tensorrt_llm",),
@@ -170,7 +204,7 @@ def server_command(
             f"--http-port={ports.http}",
             f"--grpc-port={ports.grpc}",
             f"--metrics-port={ports.metrics}",
-            "--exit-timeout-secs=10",
+            f"--exit-timeout-secs={exit_timeout}",
         ]
         if install.backend_dir is not None:
             args.append(f"--backend-directory={install.backend_dir}")
@@ -261,6 +295,7 @@ class TritonServer:
     python: Path | None = None  # the Python environment of the model stubs (default: this interpreter's)
     cwd: Path | None = None
     process: subprocess.Popen | None = None
+    exit_timeout_s: int = 0  # its --exit-timeout-secs, known once started
 
     @property
     def http_url(self) -> str:
@@ -277,6 +312,8 @@ class TritonServer:
     def start(self) -> TritonServer:
         command, env = launch(self.repo, self.ports, address=self.address, extra_args=self.extra_args,
                               python=self.python)
+        self.exit_timeout_s = next(int(arg.split("=", 1)[1]) for arg in command
+                                   if arg.startswith("--exit-timeout-secs="))
         log = open(self.log_path, "wb") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                         cwd=self.cwd)
@@ -294,12 +331,15 @@ class TritonServer:
         self.stop()
         raise TimeoutError(f"tritonserver not ready after {self.startup_timeout_s:.0f} s; {self._log_hint()}")
 
-    def stop(self, timeout_s: float = 30.0) -> None:
+    def stop(self) -> None:
+        """SIGTERM to tritonserver alone, as Kubernetes or `docker stop` send it (its stubs and their watchers go with
+        their models); SIGKILL to its whole process group if it has not exited STOP_MARGIN_S after its own exit
+        timeout."""
         if self.process is None or self.process.poll() is not None:
             return
-        os.killpg(self.process.pid, signal.SIGTERM)
+        self.process.send_signal(signal.SIGTERM)
         try:
-            self.process.wait(timeout_s)
+            self.process.wait(self.exit_timeout_s + STOP_MARGIN_S)
         except subprocess.TimeoutExpired:
             os.killpg(self.process.pid, signal.SIGKILL)  # also the orphaned Python stubs of the group
             self.process.wait()
@@ -344,8 +384,9 @@ def launch(repo: Path | str, ports: ServerPorts, address: str = "0.0.0.0", extra
     manifest = json.loads(manifest_file.read_text()) if manifest_file and manifest_file.is_file() else {}
     orchestrator = needs_orchestrator(manifest)
     engines = ("tensorrt_llm", "tensorrt_llm_draft") if manifest.get("draft") else ("tensorrt_llm",)
-    command = server_command(repo, ports, address=address, world_size=int(manifest.get("world_size", 1)),
-                             engine_model_names=engines, orchestrator=orchestrator, extra_args=extra_args,
+    command = server_command(repo, ports, exit_timeout=exit_timeout_s(manifest), address=address,
+                             world_size=int(manifest.get("world_size", 1)), engine_model_names=engines,
+                             orchestrator=orchestrator, extra_args=extra_args,
                              llm_spawns_ranks=llm_spawns_ranks(manifest))
     env = server_environment(python)
     if orchestrator:
@@ -374,27 +415,54 @@ def _api_is_ready(api: ApiSettings) -> bool:
     return answers_200(f"http://{host}:{api.port}/health/ready")
 
 
-def _stop_after_api_exit(server: subprocess.Popen, api_process: subprocess.Popen) -> int:
-    """The API ended on its own: stop tritonserver as Ctrl-C would, and exit with the API's status."""
-    print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver", file=sys.stderr,
-          flush=True)
-    server.send_signal(signal.SIGINT)
-    server.wait()
-    return api_process.returncode or 1
+class StopRequested(Exception):
+    """SIGINT (Ctrl-C) or SIGTERM reached `serve`."""
+
+
+def _request_stop(signum, _frame) -> None:
+    # Once: the stop that follows must not be interrupted by the next Ctrl-C.
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, signal.SIG_IGN)
+    raise StopRequested(signal.Signals(signum).name)
+
+
+def stop_in_order(server: subprocess.Popen, api_process: subprocess.Popen | None) -> int:
+    """A clean stop of what `serve` runs: tritonserver first (SIGTERM: the streams still running end with an error
+    their clients read, the API's included, which the API passes on as its streams' last event; tritonserver bounds
+    its own stop by --exit-timeout-secs), then the API (SIGTERM: uvicorn's graceful shutdown, nothing left in flight).
+    The exit status: tritonserver's, else the API's; 0 when both stopped cleanly. uvicorn (0.54.0, the `api` extra's)
+    ends a graceful shutdown by raising the signal that started it again (uvicorn/server.py, capture_signals), so the
+    API's SIGTERM status after ours is its clean stop (passed on, it would be exit status 241)."""
+    if server.poll() is None:
+        server.send_signal(signal.SIGTERM)
+    status = server.wait()
+    if api_process is None:
+        return status
+    if api_process.poll() is None:
+        api_process.terminate()
+        api_status = 0 if api_process.wait() == -signal.SIGTERM else api_process.returncode
+    else:
+        api_status = api_process.returncode
+    return status or api_status
 
 
 def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int:
     """Run tritonserver in the foreground (logs to the terminal), then the OpenAI-compatible API beside it (unless
-    api is None), and print working requests once both are ready. Either process ending stops the other."""
+    api is None), and print working requests once both are ready. Either process ending stops the other; Ctrl-C or
+    SIGTERM stops both, in order (stop_in_order). Both run in sessions of their own, so that a terminal's Ctrl-C
+    reaches this process alone: it would otherwise reach every process of the group at once, the API stopping while
+    tritonserver still ends its streams."""
     command, env = launch(repo, ports)
     if warning := http_queue_warning():
         print(warning, file=sys.stderr, flush=True)
     overrides = " ".join(f"{key}={env[key]}" for key in ORCHESTRATOR_ENVIRONMENT if key in env)
     print("+ " + (overrides + " " if overrides else "") + " ".join(command), flush=True)
-    process = subprocess.Popen(command, env=env)
+    for number in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(number, _request_stop)
+    process: subprocess.Popen | None = None
     api_process: subprocess.Popen | None = None
-    signal.signal(signal.SIGTERM, lambda *_: process.send_signal(signal.SIGTERM))
     try:
+        process = subprocess.Popen(command, env=env, start_new_session=True)
         while not is_ready(f"127.0.0.1:{ports.http}"):
             if process.poll() is not None:
                 return process.returncode
@@ -402,38 +470,40 @@ def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int
         if api is not None:
             argv = api_command(api, repo, ports.grpc)
             print("+ " + " ".join(argv), flush=True)
-            api_process = subprocess.Popen(argv)
+            api_process = subprocess.Popen(argv, start_new_session=True)
             while not _api_is_ready(api):
                 if api_process.poll() is not None:
-                    return _stop_after_api_exit(process, api_process)
+                    break
                 time.sleep(0.5)
-        print(
-            "\n=== tritonserver is ready ===\n"
-            f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
-            "-d '{\"text_input\": \"What is Triton?\", \"max_tokens\": 20}'\n"
-            f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
-            "-d '{\"messages\": \"[{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Hi!\\\"}]\", "
-            "\"max_tokens\": 20}'\n"
-            f"curl -s -N -X POST localhost:{ports.http}/v2/models/tensorrt_llm_bls/generate_stream "
-            "-d '{\"text_input\": \"Tell me a story\", \"max_tokens\": 64, \"stream\": true}'\n"
-            f"metrics: curl -s localhost:{ports.metrics}/metrics   (Ctrl-C stops the server)\n",
-            flush=True,
-        )
-        if api is not None:
-            print(_openai_snippet(api), flush=True)
-        while True:
-            if process.poll() is not None:
-                return process.returncode
-            if api_process is not None and api_process.poll() is not None:
-                return _stop_after_api_exit(process, api_process)
+        if api_process is None or api_process.poll() is None:
+            print(
+                "\n=== tritonserver is ready ===\n"
+                f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
+                "-d '{\"text_input\": \"What is Triton?\", \"max_tokens\": 20}'\n"
+                f"curl -s -X POST localhost:{ports.http}/v2/models/ensemble/generate "
+                "-d '{\"messages\": \"[{\\\"role\\\": \\\"user\\\", \\\"content\\\": \\\"Hi!\\\"}]\", "
+                "\"max_tokens\": 20}'\n"
+                f"curl -s -N -X POST localhost:{ports.http}/v2/models/tensorrt_llm_bls/generate_stream "
+                "-d '{\"text_input\": \"Tell me a story\", \"max_tokens\": 64, \"stream\": true}'\n"
+                f"metrics: curl -s localhost:{ports.metrics}/metrics   (Ctrl-C stops the server)\n",
+                flush=True,
+            )
+            if api is not None:
+                print(_openai_snippet(api), flush=True)
+        while process.poll() is None and (api_process is None or api_process.poll() is None):
             time.sleep(0.5)
-    except KeyboardInterrupt:
-        process.send_signal(signal.SIGINT)
-        return process.wait()
-    finally:
-        if api_process is not None and api_process.poll() is None:
-            api_process.terminate()
-            api_process.wait()
+        if process.poll() is not None:
+            print(f"tritonserver exited ({process.returncode}); stopping the API", file=sys.stderr, flush=True)
+            stop_in_order(process, api_process)
+            return process.returncode or 1
+        print(f"the OpenAI-compatible API exited ({api_process.returncode}); stopping tritonserver", file=sys.stderr,
+              flush=True)
+        status = api_process.returncode
+        stop_in_order(process, api_process)
+        return status or 1
+    except StopRequested as stop:
+        print(f"{stop}: stopping tritonserver, then the API", file=sys.stderr, flush=True)
+        return stop_in_order(process, api_process) if process is not None else 1
 
 
 def _openai_snippet(api: ApiSettings) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import queue
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -31,9 +32,10 @@ class StreamResult:
 
 
 def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, request_id: str | None = None,
-                cancel_after: int | None = None, timeout: float = 120, sequence_id: int | str = 0) -> StreamResult:
+                cancel_after: int | None = None, timeout: float = 120, sequence_id: int | str = 0,
+                on_response: Callable[[], None] | None = None) -> StreamResult:
     """One request over a gRPC stream. cancel_after=N: cancel the stream after N data responses; sequence_id: the
-    request's correlation id (0: none)."""
+    request's correlation id (0: none); on_response(): called at each data response, as it comes."""
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: events.put((result, error)))
@@ -53,6 +55,8 @@ def grpc_stream(grpc_url: str, model: str, inputs: dict, outputs: list[str], *, 
             if data:
                 result.responses.append(data)
                 result.arrival_times.append(time.monotonic())
+                if on_response is not None:
+                    on_response()
             if response.get_response().parameters["triton_final_response"].bool_param:
                 result.completed = True
                 break

@@ -237,11 +237,6 @@ CRASHES_ON_PURPOSE = {
     # "terminate called after throwing ... boost::interprocess::lock_exception"): a consequence of the kill.
     "test_every_stub_exits_when_tritonserver_ends[SIGKILL]": ("terminate called",),
     "test_every_stub_exits_when_tritonserver_ends[SIGSEGV]": ("Signal (11) received", "terminate called"),
-    # SIGTERM with streams longer than --exit-timeout-secs: tritonserver then exits with them in flight, and Triton
-    # 2.51 often dies of SIGSEGV on the way: its exit handlers run while a model thread still sends a response
-    # through the ensemble to the HTTP frontend's allocator (core dump: postprocessing's InferResponse::Send ->
-    # EnsembleContext::Proceed -> Output::AllocateDataBuffer -> a freed address; docs/operations.md).
-    "test_every_stub_exits_when_tritonserver_ends[SIGTERM]": ("Signal (11) received", "terminate called"),
 }
 
 

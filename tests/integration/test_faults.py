@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from engine_build.repository import RepositorySettings, assemble_repository
-from serving.tritonserver import TritonServer, server_command, server_environment
+from serving.tritonserver import TritonServer, exit_timeout_s, server_command, server_environment
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
 from testkit.metrics import metric_values
@@ -278,9 +278,10 @@ def test_small_dev_shm(synthetic_repo, tmp_path):
     if os.geteuid() != 0 or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode != 0:
         pytest.skip("needs root and mount namespaces (unshare -m)")
     server = TritonServer(synthetic_repo, log_path=tmp_path / "tritonserver.log")
+    server.exit_timeout_s = exit_timeout = exit_timeout_s(json.loads((synthetic_repo / "repository.json").read_text()))
     command = ["unshare", "-m", "--propagation", "private", "sh", "-c",
                'mount -t tmpfs -o size=64m tmpfs /dev/shm && exec "$@"', "sh",
-               *server_command(synthetic_repo, server.ports, address=server.address)]
+               *server_command(synthetic_repo, server.ports, address=server.address, exit_timeout=exit_timeout)]
     with open(server.log_path, "wb") as log:
         server.process = subprocess.Popen(command, env=server_environment(), stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)

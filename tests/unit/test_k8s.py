@@ -40,6 +40,14 @@ def container(deployment: dict, name: str) -> dict:
     return next(c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name)
 
 
+def test_the_grace_period_follows_the_repositorys_unload_time(tmp_path):
+    """8 postprocessing instances unload one after another, 3 s each: the exit timeout is 5 + 24, the pod's grace
+    period 30 s more; a TensorRT-LLM repository keeps 120 s (its unload is not measured)."""
+    pod = objects(render(repository(tmp_path, postprocessing_instance_count=8), load_values([], [])))["Deployment"]
+    assert "--exit-timeout-secs=29" in container(pod, "tritonserver")["command"]
+    assert pod["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] == 59
+
+
 def test_the_default_deployment_renders_every_object_and_validates(tmp_path):
     files = render(repository(tmp_path), load_values([], []))
     assert validate(files) == []
@@ -56,8 +64,9 @@ def test_the_default_deployment_renders_every_object_and_validates(tmp_path):
     assert {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "4Gi"}} in pod["volumes"]
     assert "nvidia.com/gpu" not in triton["resources"]["limits"]  # the embedded engine runs on CPU
     assert "--model-repository=/models/model_repository" in triton["command"]
-    assert triton["command"].count("--exit-timeout-secs=120") == 1
-    assert pod["terminationGracePeriodSeconds"] == 150
+    # serving.tritonserver.exit_timeout_s: 5 s for the streams to end, then the embedded engine's 15 s unload.
+    assert triton["command"].count("--exit-timeout-secs=20") == 1
+    assert pod["terminationGracePeriodSeconds"] == 50
     api = container(found["Deployment"], "openai-api")
     assert api["command"][:3] == ["python3", "-m", "openai_api"]
     assert api["command"][api["command"].index("--triton-grpc") + 1] == "localhost:8001"

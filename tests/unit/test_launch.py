@@ -3,6 +3,10 @@ triton_backend/scripts/launch_triton_server.py does (read from its source; not r
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,7 +35,7 @@ def _ranks(command: list[str]) -> list[list[str]]:
 
 
 def test_tp2_without_a_draft_is_leader_mode():
-    command = server_command(Path("/repo"), ServerPorts(), world_size=2)
+    command = server_command(Path("/repo"), ServerPorts(), exit_timeout=30, world_size=2)
     assert command[:2] == ["mpirun", "--allow-run-as-root"]
     first, second = _ranks(command)
     assert first[:3] == ["-n", "1", "/opt/tritonserver/bin/tritonserver"]
@@ -44,7 +48,7 @@ def test_a_draft_needs_orchestrator_mode_with_world_size_one():
     assert needs_orchestrator({"engine": "trtllm", "draft": "/a/draft"})
     assert not needs_orchestrator({"engine": "trtllm", "draft": None})
     assert not needs_orchestrator({"engine": "embedded", "draft": "/a/draft"})  # Python backend: no MPI
-    command = server_command(Path("/repo"), ServerPorts(), world_size=2, orchestrator=True,
+    command = server_command(Path("/repo"), ServerPorts(), exit_timeout=30, world_size=2, orchestrator=True,
                              engine_model_names=("tensorrt_llm", "tensorrt_llm_draft"))
     assert command[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and ":" not in command
     assert command.count("/opt/tritonserver/bin/tritonserver") == 1
@@ -125,3 +129,44 @@ def test_the_installed_stub_starts_with_this_python():
     from serving.tritonserver import _wheel_root, check_stub_starts
 
     check_stub_starts(_wheel_root() / "backends" / "python" / "triton_python_backend_stub")
+
+
+def test_the_exit_timeout_is_sized_from_the_model_with_the_most_python_instances():
+    """A model's instances unload one after another, INSTANCE_UNLOAD_S each (python_backend's 1 s health check, then
+    the stub's exit); the engine's unload is ENGINE_UNLOAD_S; STREAMS_END_S before either."""
+    assert tritonserver.exit_timeout_s({"engine": "embedded", "postprocessing_instance_count": 1}) == \
+        tritonserver.STREAMS_END_S + tritonserver.ENGINE_UNLOAD_S
+    assert tritonserver.exit_timeout_s({"engine": "embedded", "postprocessing_instance_count": 8,
+                                        "bls_instance_count": 2}) == 5 + 8 * 3
+    assert tritonserver.exit_timeout_s({"engine": "embedded", "bls_instance_count": 32}) == 5 + 32 * 3  # unary
+    assert tritonserver.exit_timeout_s({"engine": "trtllm", "postprocessing_instance_count": 8}) == 120
+
+
+def test_launch_passes_the_repositorys_exit_timeout(tmp_path):
+    (tmp_path / "repository.json").write_text(json.dumps({"engine": "embedded", "bls_instance_count": 16}))
+    command, _ = tritonserver.launch(tmp_path, ServerPorts())
+    assert f"--exit-timeout-secs={5 + 16 * 3}" in command
+
+
+def _child(code: str) -> subprocess.Popen:
+    """A Python child that says when its SIGTERM handler is in place (then `code` runs in the handler)."""
+    script = ("import signal, sys, time\n"
+              f"def stop(signum, frame):\n    {code}\n"
+              "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    return child
+
+
+def test_stop_in_order_stops_tritonserver_then_the_api_and_says_how_it_went():
+    """tritonserver first, then the API; the API's own SIGTERM after a graceful shutdown (uvicorn raises it again) is a
+    clean stop; tritonserver's failure is the status."""
+    server = _child("sys.exit(0)")
+    api = _child("signal.signal(signal.SIGTERM, signal.SIG_DFL); signal.raise_signal(signal.SIGTERM)")
+    assert tritonserver.stop_in_order(server, api) == 0
+    assert server.returncode == 0 and api.returncode == -signal.SIGTERM
+    failing_server, api = _child("sys.exit(1)"), _child("sys.exit(0)")
+    assert tritonserver.stop_in_order(failing_server, api) == 1
+    assert api.returncode == 0  # stopped all the same
+    server, failing_api = _child("sys.exit(0)"), _child("sys.exit(3)")
+    assert tritonserver.stop_in_order(server, failing_api) == 3

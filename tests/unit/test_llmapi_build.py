@@ -238,9 +238,11 @@ def test_the_dry_run_plan_quantizes_in_its_own_process_and_serves_as_nvidia_laun
 def test_an_llmapi_repository_launches_one_tritonserver(monkeypatch):
     monkeypatch.setattr(tritonserver, "find_tritonserver",
                         lambda: tritonserver.TritonInstall(Path("/opt/tritonserver/bin/tritonserver"), None))
-    single = server_command(Path("/r"), ServerPorts(), world_size=1, gpu=True, llm_spawns_ranks=True)
+    single = server_command(Path("/r"), ServerPorts(), exit_timeout=120, world_size=1, gpu=True,
+                            llm_spawns_ranks=True)
     assert single[0] == "/opt/tritonserver/bin/tritonserver" and "mpirun" not in single
-    four = server_command(Path("/r"), ServerPorts(), world_size=4, gpu=True, llm_spawns_ranks=True)
+    four = server_command(Path("/r"), ServerPorts(), exit_timeout=120, world_size=4, gpu=True,
+                          llm_spawns_ranks=True)
     assert four[:4] == ["mpirun", "--allow-run-as-root", "-n", "1"] and four.count("-n") == 1
     assert tritonserver.llm_spawns_ranks({"engine": "llmapi"}) and not tritonserver.llm_spawns_ranks(
         {"engine": "trtllm"})

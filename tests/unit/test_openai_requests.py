@@ -178,6 +178,9 @@ def test_health_says_not_ready_without_tritonserver(client):
     ("Exceeds maximum queue size", 503, None),
     ("tensorrt_llm: [TensorRT-LLM][ERROR] Maximum queue size of 8 has been reached, please try again later", 503,
      None),
+    ("tensorrt_llm_bls: tritonserver is shutting down; retry on another server", 503, None),
+    ("tensorrt_llm_bls: tensorrt_llm_bls_python: Server is stopping, scheduler for model has stopped accepting new "
+     "inference requests", 503, None),
     ("Request for unknown model: 'tensorrt_llm_bls' is not found", 404, None),
     ("tensorrt_llm_bls: preprocessing: MESSAGES: message 0 has role 'x'", 400, "messages"),
     ("tensorrt_llm: request_output_len: input length 17 + request_output_len 9000 exceeds max_seq_len", 400,
