@@ -426,6 +426,11 @@ def _request_stop(signum, _frame) -> None:
     raise StopRequested(signal.Signals(signum).name)
 
 
+# serve's last line after a stop in which tritonserver and the API both ended cleanly (the container rehearsal reads it:
+# `make` itself reports an interrupt after Ctrl-C whatever its recipe's status).
+STOPPED_CLEANLY = "stopped cleanly: tritonserver and the API exited 0"
+
+
 def stop_in_order(server: subprocess.Popen, api_process: subprocess.Popen | None) -> int:
     """A clean stop of what `serve` runs: tritonserver first (SIGTERM: the streams still running end with an error
     their clients read, the API's included, which the API passes on as its streams' last event; tritonserver bounds
@@ -503,7 +508,11 @@ def serve(repo: Path, ports: ServerPorts, api: ApiSettings | None = None) -> int
         return status or 1
     except StopRequested as stop:
         print(f"{stop}: stopping tritonserver, then the API", file=sys.stderr, flush=True)
-        return stop_in_order(process, api_process) if process is not None else 1
+        if process is None:
+            return 1
+        status = stop_in_order(process, api_process)
+        print(STOPPED_CLEANLY if status == 0 else f"stopped with exit status {status}", file=sys.stderr, flush=True)
+        return status
 
 
 def _openai_snippet(api: ApiSettings) -> str:
