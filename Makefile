@@ -92,8 +92,10 @@ METRICS_PORT ?= 8002
 SERVER_URL ?=
 # The OpenAI-compatible API `make serve` / `make serve-only` start beside tritonserver (docs/openai.md): loopback by
 # default; API_PORT=0: none; API_KEY=...: clients must send it (Authorization: Bearer), kept in a 0600 file, not argv.
+# API_WORKERS=N: its worker processes (default: one per 4 cores, at least one).
 API_HOST ?= 127.0.0.1
 API_PORT ?= 9000
+API_WORKERS ?=
 API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
@@ -139,7 +141,7 @@ repo: setup
 # The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 	    --metrics-port $(METRICS_PORT) --api-host $(API_HOST) --api-port $(API_PORT) --api-python $(TEST_PY) \
-	    $(if $(API_KEY),--api-key-file $(API_KEY_FILE))
+	    $(if $(API_KEY),--api-key-file $(API_KEY_FILE)) $(if $(API_WORKERS),--api-workers $(API_WORKERS))
 export API_KEY
 WRITE_API_KEY = $(if $(API_KEY),@umask 077 && mkdir -p build && printf '%s\n' "$$API_KEY" > $(API_KEY_FILE),@:)
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -71,6 +71,7 @@ def create_app(settings: Settings) -> FastAPI:
                  ", ".join(settings.adapters) or "none", settings.triton_grpc)
         yield
         await state["bls"].close()
+        metrics.close()
 
     app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None,
                   openapi_url=None)
@@ -106,7 +107,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.get("/metrics")
     async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models")
     async def models(request: Request):
