@@ -72,9 +72,14 @@ prepare() {
         fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 prometheus_client==0.23.1 \
         tritonclient==2.51.0 protobuf==4.25.9 python-rapidjson==1.25 sniffio==1.3.1
     mkdir -p "$stage/unpacked" "$payload/wheels"
+    # tritonclient without its 40 MB of perf_analyzer binaries (the API and the bench need its Python only).
     (cd "$stage/unpacked" && for wheel in "$stage"/wheels/numpy-*.whl "$stage"/wheels/transformers-*.whl; do
-        unzip -q -o "$wheel"; done && rm -rf numpy/*/tests numpy/tests && tar -cf - . | xz -6 -T0 >"$payload/packages.tar.xz")
-    find "$stage/wheels" -name "*.whl" ! -name "numpy-*" ! -name "transformers-*" -exec cp {} "$payload/wheels/" \;
+        unzip -q -o "$wheel"; done && rm -rf numpy/*/tests numpy/tests &&
+        unzip -q -o "$stage"/wheels/tritonclient-*.whl 'tritonclient-*.data/purelib/*' 'tritonclient-*.dist-info/*' &&
+        mv tritonclient-*.data/purelib/tritonclient . && rm -rf tritonclient-*.data &&
+        tar -cf - . | xz -6 -T0 >"$payload/packages.tar.xz")
+    find "$stage/wheels" -name "*.whl" ! -name "numpy-*" ! -name "transformers-*" ! -name "tritonclient-*" \
+        -exec cp {} "$payload/wheels/" \;
     # The tokenizer and the target's config.json, from `make repo`'s assets.
     mkdir -p "$stage/assets/target"
     cp -r "$root/build/assets/tokenizer" "$stage/assets/"
