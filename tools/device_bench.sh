@@ -70,7 +70,7 @@ prepare() {
         xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 \
         typing_inspection==0.4.5 \
         fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 prometheus_client==0.23.1 \
-        tritonclient==2.51.0 protobuf==4.25.9 python-rapidjson==1.25 sniffio==1.3.1
+        tritonclient==2.51.0 protobuf==4.25.9 python-rapidjson==1.25 sniffio==1.3.1 opentelemetry-api==1.45.2
     mkdir -p "$stage/unpacked" "$payload/wheels"
     # tritonclient without its 40 MB of perf_analyzer binaries (the API and the bench need its Python only).
     (cd "$stage/unpacked" && for wheel in "$stage"/wheels/numpy-*.whl "$stage"/wheels/transformers-*.whl; do
