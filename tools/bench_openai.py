@@ -172,7 +172,9 @@ def _tree_cpu_s(pid: int) -> float:
 
 
 def _workers(pid: int) -> int:
-    return max(1, len(psutil.Process(pid).children()))
+    """The API's uvicorn workers: its children multiprocessing spawned (not its resource tracker); none: itself."""
+    spawned = [child for child in psutil.Process(pid).children() if "spawn_main" in " ".join(child.cmdline())]
+    return max(1, len(spawned))
 
 
 def _median(loads: list[Load], value) -> float:
