@@ -105,7 +105,7 @@ BUILD := $(PY) -m engine_build
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
-	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
+	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp and engine) compiled with warnings as errors"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
 	@echo "make repo    build the repository only (ENGINE=trtllm HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
