@@ -102,6 +102,8 @@ def main(argv: list[str] | None = None) -> None:
                     port=args.port, log_level=args.log_level.lower(), timeout_graceful_shutdown=5)
     finally:
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        os.environ.pop(METRICS_DIR_ENV, None)  # main() called in-process (a test) leaves no trace behind
+        os.environ.pop(SETTINGS_ENV, None)
 
 
 if __name__ == "__main__":
