@@ -101,8 +101,10 @@ METRICS_PORT ?= 8002
 SERVER_URL ?=
 # The OpenAI-compatible API `make serve` / `make serve-only` start beside tritonserver (docs/openai.md): loopback by
 # default; API_PORT=0: none; API_KEY=...: clients must send it (Authorization: Bearer), kept in a 0600 file, not argv.
+# API_WORKERS=N: its worker processes (default: one per 4 cores, at least one).
 API_HOST ?= 127.0.0.1
 API_PORT ?= 9000
+API_WORKERS ?=
 API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
@@ -112,7 +114,7 @@ BUILD := $(PY) -m engine_build
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
-	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp) compiled with warnings as errors"
+	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp and engine) compiled with warnings as errors"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
 	@echo "make repo    build the repository only (ENGINE=trtllm|llmapi HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
@@ -150,7 +152,7 @@ repo: setup
 # The API runs on the test clients' Python (in the container: their venv, which has the api pins; elsewhere: .venv).
 SERVE = $(PY) -m serving.tritonserver serve --repo $(REPO) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT) \
 	    --metrics-port $(METRICS_PORT) --api-host $(API_HOST) --api-port $(API_PORT) --api-python $(TEST_PY) \
-	    $(if $(API_KEY),--api-key-file $(API_KEY_FILE))
+	    $(if $(API_KEY),--api-key-file $(API_KEY_FILE)) $(if $(API_WORKERS),--api-workers $(API_WORKERS))
 export API_KEY
 WRITE_API_KEY = $(if $(API_KEY),@umask 077 && mkdir -p build && printf '%s\n' "$$API_KEY" > $(API_KEY_FILE),@:)
 

@@ -152,7 +152,8 @@ def render(repo: Path, values: dict[str, Any]) -> dict[str, str]:
     if facts.gpu:  # one GPU per rank; a GPU is requested by its limit
         limits["nvidia.com/gpu"] = facts.world_size
     api_command = [*API_ENTRYPOINT, "--triton-grpc", f"localhost:{ports.grpc}", "--host", "0.0.0.0",
-                   "--port", str(v["api"]["port"]), "--model-name", v["api"]["modelName"], "--repo", facts.serve_path]
+                   "--port", str(v["api"]["port"]), "--model-name", v["api"]["modelName"], "--repo", facts.serve_path,
+                   "--workers", str(v["api"]["workers"])]
     if v["api"]["apiKeySecret"]:
         api_command += ["--api-key-file", API_KEY_FILE]
 

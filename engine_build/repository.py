@@ -378,14 +378,24 @@ def relay_sources() -> list[Path]:
 RELAY_WARNINGS = ("-Wall", "-Wextra", "-Werror")
 
 
-def relay_compile_command(library: Path) -> list[str]:
-    """relay/*.cc into `library`, against Triton's official headers (relay_include_dir); tritonserver provides the
-    C API's symbols when it loads the library. libstdc++ and libgcc are linked in, so that a repository built on
-    one Linux loads in the 26.07 container (Ubuntu 24.04) whatever its libstdc++; the version script exports
-    Triton's entry points only, as Triton's backend examples do."""
+# Exports Triton's entry points (TRITONBACKEND_*) only: every backend library we build links with it.
+BACKEND_VERSION_SCRIPT = RELAY_DIR / "libtriton_llama3_relay.ldscript"
+
+
+def backend_compile_command(library: Path, sources: list[Path]) -> list[str]:
+    """A Triton backend library from `sources`, against Triton's official headers (relay_include_dir); tritonserver
+    provides the C API's symbols when it loads the library. libstdc++ and libgcc are linked in, so that a repository
+    built on one Linux loads in the 26.07 container (Ubuntu 24.04) whatever its libstdc++; the version script exports
+    Triton's entry points only, as Triton's backend examples do. The relay's build, and the bench engine's
+    (tools/bench_engine)."""
     return [_compiler(), "-O2", "-std=c++17", *RELAY_WARNINGS, "-shared", "-fPIC", "-static-libstdc++",
-            "-static-libgcc", f"-Wl,--version-script={RELAY_DIR / 'libtriton_llama3_relay.ldscript'}",
-            f"-I{relay_include_dir()}", "-o", str(library), *map(str, relay_sources()), "-lpthread"]
+            "-static-libgcc", f"-Wl,--version-script={BACKEND_VERSION_SCRIPT}",
+            f"-I{relay_include_dir()}", "-o", str(library), *map(str, sources), "-lpthread"]
+
+
+def relay_compile_command(library: Path) -> list[str]:
+    """relay/*.cc into `library` (backend_compile_command)."""
+    return backend_compile_command(library, relay_sources())
 
 
 def compile_relay(library: Path) -> None:

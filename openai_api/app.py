@@ -19,7 +19,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -84,6 +84,7 @@ def create_app(settings: Settings) -> FastAPI:
                  ", ".join(settings.adapters) or "none", settings.triton_grpc)
         yield
         await state["bls"].close()
+        metrics.close()
 
     # /openapi.json declares every route's request body and responses (openai_api/openapi.py); no docs UI.
     app = FastAPI(title="llama3-triton OpenAI-compatible API", lifespan=lifespan, docs_url=None, redoc_url=None)
@@ -139,7 +140,7 @@ def create_app(settings: Settings) -> FastAPI:
              responses={200: {"content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
                               "description": "Prometheus text"}})
     async def prometheus():
-        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.get("/v1/models", response_model=ModelList, responses=ERROR_RESPONSES)
     async def models(request: Request):

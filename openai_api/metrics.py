@@ -1,13 +1,23 @@
-"""The API's Prometheus metrics (GET /metrics), in a registry of its own, every series labelled by model.
+"""The API's Prometheus metrics (GET /metrics), every series labelled by model.
 
 Latencies are seen from this process: from the HTTP request's arrival to the first text of a choice (time to first
 token), between a choice's successive responses with text (inter-token latency: one response per token unless
 the server merged some), and to a choice's end (end-to-end).
+
+Served by `python -m openai_api`, the values live in prometheus_client's multiprocess files (PROMETHEUS_MULTIPROC_DIR,
+set by openai_api.__main__ before prometheus_client is imported), one file set per worker process, and /metrics
+sums every worker's: one view whichever worker answers the scrape. An app made in-process (create_app in a test)
+keeps them in memory, in its own registry.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
+
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Seconds: 1 ms to 60 s for the first token and end to end; 0.5 ms to 2.5 s between tokens.
 _TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -18,6 +28,7 @@ _E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 16
 class ApiMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self._multiprocess = MULTIPROCESS_DIR_ENV in os.environ
         r = self.registry
         self.time_to_first_token = Histogram(
             "llama3_api_time_to_first_token_seconds", "Request arrival to the first text of a choice",
@@ -39,4 +50,19 @@ class ApiMetrics:
             registry=r)
         self.disconnects = Counter(
             "llama3_api_client_disconnects", "Generations cancelled because the client left", ["model"], registry=r)
-        self.in_flight = Gauge("llama3_api_requests_in_flight", "Requests being served", ["model"], registry=r)
+        # livesum: the requests in flight in the workers alive now (a worker's file goes at its exit: close()).
+        self.in_flight = Gauge("llama3_api_requests_in_flight", "Requests being served", ["model"], registry=r,
+                               multiprocess_mode="livesum")
+
+    def exposition(self) -> bytes:
+        """The text format of every worker's values together (multiprocess), or of this app's registry."""
+        if not self._multiprocess:
+            return generate_latest(self.registry)
+        registry = CollectorRegistry()
+        MultiProcessCollector(registry)
+        return generate_latest(registry)
+
+    def close(self) -> None:
+        """At a worker's exit: its live gauges' file goes (livesum would count its last values on)."""
+        if self._multiprocess:
+            mark_process_dead(os.getpid())

@@ -402,11 +402,13 @@ class ApiSettings:
     port: int = 9000
     key_file: Path | None = None
     python: Path = Path(sys.executable)  # the interpreter that has the `api` extra (the container: the client venv)
+    workers: int | None = None  # its worker processes; None: its default (one per 4 cores)
 
 
 def api_command(api: ApiSettings, repo: Path, grpc_port: int) -> list[str]:
     command = [str(api.python), "-m", "openai_api", "--triton-grpc", f"127.0.0.1:{grpc_port}",
                "--host", api.host, "--port", str(api.port), "--repo", str(repo)]
+    command += ["--workers", str(api.workers)] if api.workers else []
     return command + (["--api-key-file", str(api.key_file)] if api.key_file else [])
 
 
@@ -545,6 +547,8 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--api-key-file", type=Path, help="the API's keys, one a line (default: no authentication)")
     run.add_argument("--api-python", type=Path, default=Path(sys.executable),
                      help="the Python that runs the API (it needs the `api` extra)")
+    run.add_argument("--api-workers", type=int,
+                     help="the API's worker processes (default: the API's own, one per 4 cores, at least one)")
     args = parser.parse_args(argv)
     if args.command == "install-stub":
         target = install_stub()
@@ -552,7 +556,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if not (args.repo / "ensemble").is_dir():
         raise SystemExit(f"{args.repo} is not a built model repository: run `make repo` first")
-    api = ApiSettings(args.api_host, args.api_port, args.api_key_file, args.api_python) if args.api_port else None
+    api = (ApiSettings(args.api_host, args.api_port, args.api_key_file, args.api_python, args.api_workers)
+           if args.api_port else None)
     return serve(args.repo.resolve(), ServerPorts(args.http_port, args.grpc_port, args.metrics_port), api)
 
 

@@ -12,6 +12,7 @@ STUB_NAME = "triton_python_backend_stub"
 # sending, and the one in front of the benchmark engine (tools/engine_relay.config.pbtxt), the engine's.
 RELAY_THREAD = "llama3_relay"
 ENGINE_RELAY_THREAD = "engine_relay"
+BENCH_ENGINE_THREAD = "bench_engine"  # the C++ bench engine's step thread (tools/bench_engine)
 HANDOFF_THREAD = "handoff_sender"  # the ensemble's handoff's sender threads (relay/handoff.h)
 # Python backend stub argv: stub model.py shm_region shm_default shm_growth parent_pid backend_dir
 # ipc_handle instance_name ...
@@ -53,8 +54,8 @@ def stub_process(server_pid: int, instance: str) -> psutil.Process:
 
 def cpu_seconds(server_pid: int) -> dict[str, float]:
     """CPU seconds so far (user + system) of the server, of each stub, and of the relays' threads in the server
-    (under RELAY_THREAD, ENGINE_RELAY_THREAD and HANDOFF_THREAD, all threads of a name together, where there are
-    such; the server's figure includes them)."""
+    (under RELAY_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD and BENCH_ENGINE_THREAD, all threads of a name
+    together, where there are such; the server's figure includes them)."""
     seconds = {}
     for name, process in triton_processes(server_pid).items():
         try:
@@ -66,7 +67,7 @@ def cpu_seconds(server_pid: int) -> dict[str, float]:
         for thread in psutil.Process(server_pid).threads():
             comm = Path(f"/proc/{server_pid}/task/{thread.id}/comm")
             name = comm.read_text().strip() if comm.is_file() else ""
-            if name in (RELAY_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD):
+            if name in (RELAY_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD, BENCH_ENGINE_THREAD):
                 seconds[name] = seconds.get(name, 0.0) + thread.user_time + thread.system_time
     except (psutil.Error, OSError):
         pass

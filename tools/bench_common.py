@@ -96,6 +96,11 @@ class BenchContext:
     bls_instances: int | None = None  # None: the repository's default
     engine_step_ms: float = 0.0  # section "streaming", throughput runs: the synthetic engine's least step time
     paced_streams: tuple[int, ...] = (16, 64, 256)  # section "streaming": concurrencies of the runs paced like a GPU
+    # Sections "streaming" and "openai": concurrencies of the throughput runs.
+    streams: tuple[int, ...] = (1, 16, 64, 256, 1024)
+    # Sections "streaming" and "openai": the engine stand-in, "cpp" (tools/bench_engine: one step thread, as
+    # TensorRT-LLM's executor; needs a C++ compiler) or "python" (the synthetic embedded engine behind its relay).
+    engine: Literal["cpp", "python"] = "cpp"
     client_processes: int = field(default_factory=default_client_processes)  # per load (run_clients)
     aiperf_venv: Path = Path("build/venv-aiperf")  # section "aiperf": NVIDIA's AIPerf, in a venv of its own
     _server: TritonServer | None = None

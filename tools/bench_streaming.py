@@ -43,16 +43,16 @@ import subprocess
 import time
 from pathlib import Path
 
-from engine_build.repository import engine_is_relayed, relay_include_dir
+from engine_build.repository import relay_include_dir
 from testkit.http import HttpSession
-from testkit.processes import ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
+from testkit.processes import BENCH_ENGINE_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
 from testkit.stats import percentile
+from tools import bench_engine
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 
 STREAM_TOKENS = 256
 BENCH_MODELS = Path(__file__).resolve().parent / "bench_models"  # stub_send (Python) and send_cpp (C++)
-CONCURRENCY = (1, 16, 64, 256)
 PROMPT = "Tell me a story about a brave little toaster."
 MODELS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
 PACED_STEP_MS = 40.0  # 64 streams x 25 tokens/s = 1,600 tok/s: about half of what the engine hop carries on 2 cores
@@ -99,10 +99,10 @@ def _cpu_us_per_token(run: LoadRun, prefix: str) -> float:
 
 
 def _engine_cpu_us_per_token(run: LoadRun) -> float:
-    """The stand-in engine's CPU per token: its Python processes (tensorrt_llm_* alone, tensorrt_llm_python_* behind
-    its relay) and its relay's thread in tritonserver."""
-    return (_cpu_us_per_token(run, "tensorrt_llm_0") + _cpu_us_per_token(run, "tensorrt_llm_python")
-            + _cpu_us_per_token(run, ENGINE_RELAY_THREAD))
+    """The stand-in engine's CPU per token: the C++ engine's step thread in tritonserver, or the Python engine's
+    processes (tensorrt_llm_* alone, tensorrt_llm_python_* behind its relay) and its relay's thread."""
+    return (_cpu_us_per_token(run, BENCH_ENGINE_THREAD) + _cpu_us_per_token(run, "tensorrt_llm_0")
+            + _cpu_us_per_token(run, "tensorrt_llm_python") + _cpu_us_per_token(run, ENGINE_RELAY_THREAD))
 
 
 def _bls_cpu_us_per_token(run: LoadRun) -> float:
@@ -111,12 +111,26 @@ def _bls_cpu_us_per_token(run: LoadRun) -> float:
     return _cpu_us_per_token(run, "tensorrt_llm_bls") + _cpu_us_per_token(run, RELAY_THREAD)
 
 
+# Admission for the largest load: every stream of a run taken on every path (1,024 streams of BLS, ensemble or engine
+# alone; the runs are one after another), none refused: the engine holds them all, the BLS serves its default
+# max_concurrent_requests per instance and queues the rest.
+MAX_STREAMS = 1024
+
+
 def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1, engine_instances: int | None = None):
-    return ctx.variant(name, synthetic=True, draft=None, max_seq_len=8192, max_active_requests=512,
-                       max_queued_requests=512, merge_streamed_tokens=False, step_ms=step_ms,
-                       engine_instance_count=engine_instances or ctx.engine_instances, stream_interval=stream_interval,
-                       engine_relay=True,
+    """The variant a run serves: the C++ bench engine (ctx.engine "cpp", in place of the synthetic engine's
+    tensorrt_llm), or the synthetic engine behind its relay, `engine_instances` of it (default ctx.engine_instances)."""
+    cpp = ctx.engine == "cpp"
+    repo = ctx.variant(name, synthetic=True, draft=None, max_seq_len=8192, max_active_requests=MAX_STREAMS,
+                       max_queued_requests=MAX_STREAMS, max_queue_size=2 * MAX_STREAMS,
+                       bls_max_queued_requests=MAX_STREAMS,
+                       merge_streamed_tokens=False, step_ms=step_ms,
+                       engine_instance_count=1 if cpp else engine_instances or ctx.engine_instances,
+                       stream_interval=stream_interval, engine_relay=not cpp,
                        **({"bls_instance_count": ctx.bls_instances} if ctx.bls_instances else {}))
+    if cpp:
+        bench_engine.install(repo, step_ms=step_ms, max_active_requests=MAX_STREAMS, max_queued_requests=MAX_STREAMS)
+    return repo
 
 
 def _client_rows(label: str, runs: dict[str, LoadRun]) -> list[Row]:
@@ -150,7 +164,7 @@ def _ensemble_cpu_rows(label: str, run: LoadRun) -> list[Row]:
     if HANDOFF_THREAD in run.server_cpu_s:  # a streaming repository (a unary one has no handoff)
         rows.append(Row(f"{label}: CPU per token, of it the handoff's sender threads",
                         _cpu_us_per_token(run, HANDOFF_THREAD), "µs"))
-    rows.append(Row(f"{label}: CPU per token, engine (ensemble run; Python + its relay)", _engine_cpu_us_per_token(run),
+    rows.append(Row(f"{label}: CPU per token, engine (ensemble run)", _engine_cpu_us_per_token(run),
                     "µs"))
     return rows
 
@@ -223,10 +237,10 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
     # stream's tokens leave in bursts); > 0: it also waits for its sending (embedded_engine/responses.py).
     rows: list[Row] = [Row("throughput runs: engine step (0: unpaced, runs ahead of its sending)",
                            ctx.engine_step_ms, "ms"),
-                       Row("stand-in engine behind a relay (sends from C++, as the C++ backend)",
-                           engine_is_relayed(repo)),
+                       Row("engine stand-in: the C++ bench engine (one step thread, as TensorRT-LLM's executor); "
+                           "else the Python synthetic engine behind its relay", ctx.engine == "cpp"),
                        Row("client processes at most (the streams split across them)", ctx.client_processes, "")]
-    for clients in CONCURRENCY:
+    for clients in ctx.streams:
         # A lone stream runs more rounds: CPU times tick in 10 ms, too coarse for one stream's few thousand tokens.
         rounds = (1 if ctx.quick else 2) * (8 if clients == 1 else 1)
         runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m],
@@ -258,7 +272,7 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                         _cpu_us_per_token(bls, RELAY_THREAD), "µs"))
         rows.append(Row(f"{clients:>3} streams: CPU per token, tritonserver (BLS run; incl. both relays)",
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
-        rows.append(Row(f"{clients:>3} streams: CPU per token, engine (BLS run; Python + its relay)",
+        rows.append(Row(f"{clients:>3} streams: CPU per token, engine (BLS run)",
                         _engine_cpu_us_per_token(bls), "µs"))
         rows += _ensemble_cpu_rows(f"{clients:>3} streams", runs["ensemble"])
         rows += _client_rows(f"{clients:>3} streams", runs)
@@ -318,7 +332,7 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
                         BLS_CPU_TARGET))
         rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run; incl. both relays)",
                         _cpu_us_per_token(bls, "tritonserver"), "µs"))
-        rows.append(Row(f"{label}: CPU per token, engine (BLS run; Python + its relay)", _engine_cpu_us_per_token(bls),
+        rows.append(Row(f"{label}: CPU per token, engine (BLS run)", _engine_cpu_us_per_token(bls),
                         "µs"))
         rows += _ensemble_cpu_rows(label, ensemble)
         rows += _client_rows(label, runs)

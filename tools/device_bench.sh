@@ -18,13 +18,17 @@
 #            (`prepare` puts the after tree's own copy of this script there). Sets net.core.wmem_default, installs the packages,
 #            builds each tree's default repository on the host (`python -m engine_build assemble --synthetic`, so
 #            the instance counts are the host's), then runs `python -m tools.bench --only streaming` with each
-#            tree's own code, before / after / after / before / ..., as long as the next run fits in BUDGET_S
+#            tree's own code, before / after / after / before / ... (DEVBENCH_ORDER), as long as the next run fits in BUDGET_S
 #            (default 540 s; one call may run 600). Each run's tables go to $OUT/runN-<tree>.txt as it ends, the
 #            set-up's log to $OUT/setup.log.
 #
-# BENCH ARGS default to --quick --engine-instances 6 --paced-streams 64 (the throughput runs at 1/16/64/256 streams,
-# the interval runs, 64 streams paced like a GPU, the stub send floor): ~210 s a run on the 16-core host, so one call
-# (set-up ~45 s) holds one before / after pair; a second call gives the pair in the other order with
+# BENCH ARGS default to --quick --streams 64,256,1024 --paced-streams 256 --only openai: the C++ bench engine
+# (tools/bench_engine, compiled there), section streaming's throughput runs at 64/256/1024 streams (engine alone, the
+# BLS, the ensemble), the interval runs, 256 streams paced like a GPU, the stub send floor, and section openai (the
+# OpenAI API, its default workers, against the BLS over gRPC; its packages are in the payload). For one tree
+# (`DEVBENCH_ORDER=after`) as the issue-49 figures were taken; for a before / after pair of trees that both have
+# it. The Python engine as before: `-- --quick --engine python --engine-instances 6 --paced-streams 64`, ~210 s a
+# run on the 16-core host, so one call (set-up ~45 s) holds one before / after pair; a second call gives the pair in the other order with
 # `DEVBENCH_ORDER="after before" bash .devbench/device_bench.sh run .devbench`. A tree whose tools.bench still imports every section (before 09d727c) runs
 # the section through a driver written here (run_section.py), with its own client (one process, threads).
 set -euo pipefail
@@ -64,11 +68,18 @@ prepare() {
         --platform manylinux2010_x86_64 -d "$stage/wheels" \
         numpy==1.26.4 transformers==4.57.3 tokenizers==0.22.1 huggingface_hub==0.36.2 psutil==7.1.3 \
         xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2 pydantic==2.14.4 pydantic_core==2.50.5 annotated_types==0.8.0 \
-        typing_inspection==0.4.5
+        typing_inspection==0.4.5 \
+        fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0 httptools==0.9.0 prometheus_client==0.23.1 \
+        tritonclient==2.51.0 protobuf==4.25.9 python-rapidjson==1.25 sniffio==1.3.1 opentelemetry-api==1.45.2
     mkdir -p "$stage/unpacked" "$payload/wheels"
+    # tritonclient without its 40 MB of perf_analyzer binaries (the API and the bench need its Python only).
     (cd "$stage/unpacked" && for wheel in "$stage"/wheels/numpy-*.whl "$stage"/wheels/transformers-*.whl; do
-        unzip -q -o "$wheel"; done && rm -rf numpy/*/tests numpy/tests && tar -cf - . | xz -6 -T0 >"$payload/packages.tar.xz")
-    find "$stage/wheels" -name "*.whl" ! -name "numpy-*" ! -name "transformers-*" -exec cp {} "$payload/wheels/" \;
+        unzip -q -o "$wheel"; done && rm -rf numpy/*/tests numpy/tests &&
+        unzip -q -o "$stage"/wheels/tritonclient-*.whl 'tritonclient-*.data/purelib/*' 'tritonclient-*.dist-info/*' &&
+        mv tritonclient-*.data/purelib/tritonclient . && rm -rf tritonclient-*.data &&
+        tar -cf - . | xz -6 -T0 >"$payload/packages.tar.xz")
+    find "$stage/wheels" -name "*.whl" ! -name "numpy-*" ! -name "transformers-*" ! -name "tritonclient-*" \
+        -exec cp {} "$payload/wheels/" \;
     # The tokenizer and the target's config.json, from `make repo`'s assets.
     mkdir -p "$stage/assets/target"
     cp -r "$root/build/assets/tokenizer" "$stage/assets/"
@@ -93,7 +104,7 @@ run() {
     if [ $# -gt 0 ] && [ "$1" != "--" ]; then budget_s=$1; shift; fi
     [ "${1:-}" = "--" ] && shift
     local bench_args=("$@")
-    [ ${#bench_args[@]} -gt 0 ] || bench_args=(--quick --engine-instances 6 --paced-streams 64)
+    [ ${#bench_args[@]} -gt 0 ] || bench_args=(--quick --streams 64,256,1024 --paced-streams 256 --only openai)
     local began=$SECONDS out=${OUT:-/tmp/devbench-out}
     mkdir -p "$out"
     local python=/opt/torch/.venv/bin/python

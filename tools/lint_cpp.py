@@ -1,7 +1,7 @@
-"""`make lint`'s C++ half: every C++ file of the project (relay/, its tests, the benchmark's send_cpp backend)
-compiled syntax-only by each C++ compiler here, g++ and clang++ (the 26.07 image has clang++ only), with the
-warnings the relay is built with as errors (engine_build.repository.RELAY_WARNINGS). Warnings only the optimizer
-finds come from the relay's real build, `make repo` (-O2, the same flags).
+"""`make lint`'s C++ half: every C++ file of the project (relay/, its tests, the benchmark's send_cpp backend and
+C++ engine, tools/bench_engine/) compiled syntax-only by each C++ compiler here, g++ and clang++ (the 26.07 image
+has clang++ only), with the warnings the relay is built with as errors (engine_build.repository.RELAY_WARNINGS).
+Warnings only the optimizer finds come from the real builds, `make repo` and the bench (-O2, the same flags).
 
     python -m tools.lint_cpp
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 from engine_build.repository import CXX_COMPILERS, PROJECT_ROOT, RELAY_WARNINGS, relay_include_dir
 
-SOURCES = ("relay/*.cc", "relay/tests/*.cc", "tools/bench_models/*/*.cc")
+SOURCES = ("relay/*.cc", "relay/tests/*.cc", "tools/bench_models/*/*.cc", "tools/bench_engine/*.cc")
 
 
 def compilers() -> list[str]:

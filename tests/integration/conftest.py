@@ -117,6 +117,7 @@ STARTS_ITS_OWN_SERVER = {
     "test_unary.py": "starts a server on a DECOUPLED=false repository it builds from build/assets",
     "test_stream_interval.py": "starts a server on a STREAM_INTERVAL=4 repository it builds from build/assets",
     "test_engine_relay.py": "starts a server on the benchmark's relayed synthetic engine",
+    "test_bench_engine.py": "starts a server on the benchmark's C++ engine it builds from build/assets",
     "test_handoff.py": "starts a server on a repository with the ensemble's handoff it builds from build/assets",
     "test_metrics_handoff.py": "starts a server on a repository with the ensemble's handoff (where its metrics are "
                                "measured) it builds from build/assets",

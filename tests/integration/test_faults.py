@@ -312,8 +312,8 @@ def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):
     """Beyond the engine's capacity the client gets an error naming the limits at once, while the admitted
     requests are served: never an unbounded wait, never a lost request.
 
-    The models answer UNAVAILABLE; Triton 2.51's Python backend does not carry a decoupled response's error
-    code to the HTTP frontend (server issue #7804), so `generate` reports it as 400; the message is the
+    The models answer UNAVAILABLE; Triton's `generate` reads the status from the response's error after freeing
+    it (server src/http_server.cc, r24.10 and r26.07), so it reports 400, whatever the code; the message is the
     contract (docs/operations.md)."""
     body = {"text_input": "tell me", "max_tokens": 40, "end_id": -1}
     with TritonServer(small_engine_repo, log_path=tmp_path / "tritonserver.log") as server:

@@ -70,6 +70,7 @@ def test_the_default_deployment_renders_every_object_and_validates(tmp_path):
     api = container(found["Deployment"], "openai-api")
     assert api["command"][:3] == ["python3", "-m", "openai_api"]
     assert api["command"][api["command"].index("--triton-grpc") + 1] == "localhost:8001"
+    assert api["command"][api["command"].index("--workers") + 1] == "2"  # values.yaml's api.workers
     assert api["readinessProbe"]["httpGet"]["path"] == "/health/ready"
     ports = {p["name"]: p["port"] for p in found["Service"]["spec"]["ports"]}
     assert ports == {"http": 8000, "grpc": 8001, "metrics": 8002, "openai": 9000}
