@@ -17,12 +17,12 @@ import os
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
+# The models' bucket edges (bls/llm_metrics.py, one definition), so that the API's latencies and the models' compare
+# bucket for bucket in one dashboard.
+from bls.llm_metrics import E2E_REQUEST_LATENCY_BUCKETS, TIME_PER_OUTPUT_TOKEN_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS
+
 MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
-# Seconds: 1 ms to 60 s for the first token and end to end; 0.5 ms to 2.5 s between tokens.
-_TTFT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
-_ITL_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.5)
-_E2E_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 
 
 class ApiMetrics:
@@ -32,13 +32,13 @@ class ApiMetrics:
         r = self.registry
         self.time_to_first_token = Histogram(
             "llama3_api_time_to_first_token_seconds", "Request arrival to the first text of a choice",
-            ["model"], buckets=_TTFT_BUCKETS, registry=r)
+            ["model"], buckets=TIME_TO_FIRST_TOKEN_BUCKETS, registry=r)
         self.inter_token_latency = Histogram(
             "llama3_api_inter_token_latency_seconds", "Time between a choice's successive streamed responses",
-            ["model"], buckets=_ITL_BUCKETS, registry=r)
+            ["model"], buckets=TIME_PER_OUTPUT_TOKEN_BUCKETS, registry=r)
         self.request_duration = Histogram(
             "llama3_api_e2e_request_latency_seconds", "Request arrival to a choice's end",
-            ["model"], buckets=_E2E_BUCKETS, registry=r)
+            ["model"], buckets=E2E_REQUEST_LATENCY_BUCKETS, registry=r)
         self.prompt_tokens = Counter(
             "llama3_api_prompt_tokens", "Prompt tokens of finished choices", ["model"], registry=r)
         self.generation_tokens = Counter(

@@ -87,3 +87,15 @@ def test_a_finished_request_is_counted_once_under_its_reported_finish_reason():
     assert recorder.values[(llm_metrics.E2E_REQUEST_LATENCY, model)] == [0.5]
     assert recorder.values[(llm_metrics.TIME_PER_OUTPUT_TOKEN, model)] == [pytest.approx(0.1)]
     assert recorder.values[(llm_metrics.TIME_TO_FIRST_TOKEN, model)] == []  # observed by first_token()
+
+
+def test_the_openai_api_histograms_use_the_models_bucket_edges():
+    """One set of latency buckets (bls/llm_metrics.py) for the models and the API, so one dashboard compares them."""
+    from bls import llm_metrics
+    from openai_api.metrics import ApiMetrics
+
+    metrics = ApiMetrics()
+    for histogram, edges in ((metrics.time_to_first_token, llm_metrics.TIME_TO_FIRST_TOKEN_BUCKETS),
+                             (metrics.inter_token_latency, llm_metrics.TIME_PER_OUTPUT_TOKEN_BUCKETS),
+                             (metrics.request_duration, llm_metrics.E2E_REQUEST_LATENCY_BUCKETS)):
+        assert tuple(histogram._upper_bounds[:-1]) == edges  # prometheus_client adds +Inf
