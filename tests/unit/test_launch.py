@@ -7,6 +7,7 @@ import json
 import signal
 import subprocess
 import sys
+import shutil
 from pathlib import Path
 
 import pytest
@@ -128,6 +129,8 @@ def test_a_stub_that_cannot_load_libpython_stops_set_up_naming_the_package(tmp_p
 def test_the_installed_stub_starts_with_this_python():
     from serving.tritonserver import _wheel_root, check_stub_starts
 
+    if shutil.which("tritonserver"):
+        pytest.skip("tritonserver on PATH (a container's): it brings its own stub, install-stub installs none")
     check_stub_starts(_wheel_root() / "backends" / "python" / "triton_python_backend_stub")
 
 
