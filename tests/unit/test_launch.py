@@ -4,10 +4,10 @@ triton_backend/scripts/launch_triton_server.py does (read from its source; not r
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
-import shutil
 from pathlib import Path
 
 import pytest
