@@ -210,7 +210,7 @@ def lora_config(lora_dir: Path, max_lora_rank: int) -> dict:
     Face PEFT folder, linked into tensorrt_llm/1/lora/<name>, in task-id order (lora_dir[i - 1] is task id i, the
     order engine_build/lora.py gives them: sorted by name); the modules they target (TensorRT-LLM names, completed as
     the engine flow completes them); room for all of them on the GPU and the host."""
-    from engine_build.lora import AdapterError, adapter_dirs, adapter_modules
+    from embedded_engine.peft_lora import AdapterError, adapter_dirs, adapter_modules
 
     try:
         modules, largest = adapter_modules(lora_dir)
