@@ -109,12 +109,13 @@ API_KEY ?=
 API_KEY_FILE := build/api_keys
 BUILD := $(PY) -m engine_build
 
-.PHONY: setup repo serve serve-only check-repo lint unit test rehearse system-packages bench soak dist clean distclean help
+.PHONY: setup repo llmapi-repo serve serve-only check-repo lint unit test test-llmapi rehearse system-packages bench soak dist clean distclean help
 
 help:
 	@echo "make serve   build the default repository (embedded CPU engine) and start tritonserver"
 	@echo "make test    set up and run lint, the unit and the integration tests, the container rehearsal"
 	@echo "make lint    ruff (Python), and the C++ (relay/, the bench's send_cpp and engine) compiled with warnings as errors"
+	@echo "make test-llmapi   the integration tests against the LLM API flow's CPU stand-in (ENGINE=llmapi)"
 	@echo "make unit    the unit tests only: no server, no build (those needing make repo's assets skip, saying so)"
 	@echo "make repo    build the repository only (ENGINE=trtllm|llmapi HF_MODEL=... on a GPU box; DRY_RUN=1 anywhere)"
 	@echo "make check-repo REPO=...   static load check of a built repository (what would fail in the container)"
@@ -176,15 +177,32 @@ check-repo:
 # In the container the test clients run in their own venv ($(TEST_VENV)): tritonclient pins protobuf<5, which must
 # not replace the container's (TensorRT-LLM 1.2.1 needs protobuf>=6.33.5).
 # Without SERVER_URL, last: the container rehearsal (REHEARSAL=0 skips it; it needs root).
+# Then (ENGINE other than llmapi) the LLM API flow on its CPU stand-in: its own repository (LLMAPI_REPO, same assets)
+# and LLMAPI_TESTS against it (about 5 minutes on 2 cores); `make test-llmapi` runs the whole suite against it.
 REHEARSAL ?= 1
+LLMAPI_REPO ?= build/model_repository_llmapi
+LLMAPI_TESTS ?= test_llmapi.py test_engine.py test_bls.py test_openai_api.py test_guided.py test_lora.py
 test: $(if $(SERVER_URL),,system-packages) lint $(if $(SERVER_URL),$(TEST_SETUP),repo)
 	$(MAKE) --no-print-directory unit
 	$(TEST_PY) -m pytest -q tests/integration --repo $(REPO) $(if $(SERVER_URL),--server-url $(SERVER_URL))
 ifeq ($(SERVER_URL),)
+ifneq ($(ENGINE),llmapi)
+	$(MAKE) --no-print-directory llmapi-repo
+	$(TEST_PY) -m pytest -q $(addprefix tests/integration/,$(LLMAPI_TESTS)) --repo $(LLMAPI_REPO)
+endif
 ifeq ($(REHEARSAL),1)
 	$(MAKE) --no-print-directory rehearse
 endif
 endif
+
+# The stand-in LLM API repository, `make repo ENGINE=llmapi` without HF_MODEL: the options that pick another model
+# (a GPU model, a draft, LoRA, speculation) are cleared, whatever this make was given for REPO.
+llmapi-repo: setup
+	$(MAKE) --no-print-directory repo ENGINE=llmapi REPO=$(LLMAPI_REPO) HF_MODEL= DRAFT_HF_MODEL= LORA_DIR= \
+	    SPECULATIVE= EAGLE_DIR=
+
+test-llmapi: system-packages lint llmapi-repo
+	$(TEST_PY) -m pytest -q tests/integration --repo $(LLMAPI_REPO)
 
 # The fast loop. lint: ruff over the Python (pyproject.toml's [tool.ruff]), then every C++ file (relay/, the bench's
 # send_cpp) compiled by g++ and clang++ with the relay's warnings as errors (tools/lint_cpp.py). unit: tests/unit

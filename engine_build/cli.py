@@ -202,7 +202,8 @@ def cmd_convert_lora(args) -> None:
     """One PEFT adapter in the backend's format, for a running deployment: the two files NVIDIA's client sends
     (inflight_batcher_llm_client.py --lora-path DIR --lora-task-id N), or a prefetch folder <dir>/<task id>/."""
     from embedded_engine.lora import LoraLayout
-    from engine_build.lora import AdapterError, adapter_modules, base_llama_config, convert_peft_adapter
+    from embedded_engine.peft_lora import AdapterError, adapter_modules, convert_peft_adapter
+    from engine_build.lora import base_llama_config
     from engine_build.repository import repository_layout
 
     if args.task_id < 1:

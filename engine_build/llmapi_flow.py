@@ -210,7 +210,7 @@ def lora_config(lora_dir: Path, max_lora_rank: int) -> dict:
     Face PEFT folder, linked into tensorrt_llm/1/lora/<name>, in task-id order (lora_dir[i - 1] is task id i, the
     order engine_build/lora.py gives them: sorted by name); the modules they target (TensorRT-LLM names, completed as
     the engine flow completes them); room for all of them on the GPU and the host."""
-    from engine_build.lora import AdapterError, adapter_dirs, adapter_modules
+    from embedded_engine.peft_lora import AdapterError, adapter_dirs, adapter_modules
 
     try:
         modules, largest = adapter_modules(lora_dir)
@@ -490,12 +490,21 @@ def _lora(args) -> dict | None:
     return lora_config(args.lora_dir, args.max_lora_rank) if args.lora_dir is not None else None
 
 
+def _triton_sizes(llm: str, llm_args: dict) -> dict:
+    """Triton's max_batch_size of tensorrt_llm and the text models, and tensorrt_llm's queue. The GPU build: the LLM's
+    max_batch_size for both (as the engine flow sizes them from its profile). The stand-in: the default embedded
+    repository's (RepositorySettings' defaults), since it runs the same embedded engine, which queues past its active
+    sequences (EngineSettings.max_queued_requests) rather than refusing a batch larger than them."""
+    if llm == LLM_STAND_IN:
+        return {}
+    return {"triton_max_batch_size": llm_args["max_batch_size"], "max_queue_size": llm_args["max_batch_size"]}
+
+
 def _settings(args, *, llm: str, target: Path, tokenizer: Path, profile: Profile, spec: Speculation, built: bool,
               llm_args: dict, plan: dict | None) -> RepositorySettings:
     return RepositorySettings(
         engine="llmapi", llm=llm, tokenizer_dir=tokenizer, target=target, speculative_model=spec.draft_dir,
-        llm_args=llm_args, triton_max_batch_size=llm_args["max_batch_size"],
-        max_queue_size=llm_args["max_batch_size"], max_input_len=profile.max_input_len,
+        llm_args=llm_args, **_triton_sizes(llm, llm_args), max_input_len=profile.max_input_len,
         max_seq_len=profile.max_seq_len, max_draft_len=spec.max_draft_len, decoupled=args.decoupled,
         query_special_tokens=args.query_special_tokens, exclude_input_in_output=args.exclude_input_in_output,
         world_size=args.tp * args.pp, engines_built=built, guided_decoding=args.guided_decoding, plan=plan,

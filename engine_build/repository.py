@@ -21,13 +21,13 @@ from typing import Literal
 from bls.artifact import MANIFEST, file_checksums
 from bls.contract import TOKEN_TEXT_CLASSES_FILE
 from embedded_engine.lora import LoraLayout
+from embedded_engine.peft_lora import AdapterError, ConvertedAdapter, complete_modules
 from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, DEFAULT_MAX_QUEUED_REQUESTS
 from embedded_engine.xgrammar_info import write_xgrammar_tokenizer_info
 from engine_build.lora import (
     PREFETCH_DIR,
-    ConvertedAdapter,
+    adapter_record,
     adapter_table,
-    complete_modules,
     convert_lora_dir,
     lora_cache_bytes,
     write_prefetch_dir,
@@ -302,7 +302,7 @@ def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:
         return []
     if settings.synthetic:
         raise RepositoryError("LORA_DIR needs a model: the synthetic benchmark engine has none")
-    from engine_build.lora import AdapterError, base_llama_config
+    from engine_build.lora import base_llama_config
 
     try:
         adapters = convert_lora_dir(settings.lora_dir, base_llama_config(settings.lora_base or settings.target),
@@ -413,7 +413,7 @@ def _write_manifest(out: Path, settings: RepositorySettings, adapters: list[Conv
     uses them), the versions it was built with, the models, the LoRA adapters (names, task ids, ranks, their prefetch
     folders relative to the engine's version folder), and a SHA-256 per file the models verify."""
     manifest = {key: (str(v.resolve()) if isinstance(v, Path) else v) for key, v in asdict(settings).items()}
-    manifest["lora_adapters"] = [adapter.record for adapter in adapters]
+    manifest["lora_adapters"] = [adapter_record(adapter) for adapter in adapters]
     manifest["topology"] = topology.record(settings)
     manifest["models"] = sorted(p.name for p in out.iterdir() if p.is_dir())
     manifest["versions"] = {name: _version(name) for name in BUILT_WITH}
@@ -688,7 +688,7 @@ def read_manifest(repo: Path) -> dict:
 def repository_layout(repo: Path) -> tuple[LoraLayout, dict[int, str]]:
     """What a built repository's engine takes (its dims, the modules and largest rank it was built for) and the task
     ids its own adapters hold: the layout an adapter added to the running deployment must fit."""
-    from engine_build.lora import AdapterError, base_llama_config
+    from engine_build.lora import base_llama_config
 
     manifest = read_manifest(Path(repo))
     adapters = manifest.get("lora_adapters") or []

@@ -204,7 +204,7 @@ def plan(args) -> GpuPlan:
         raise SystemExit(quantization.report())
     lora_modules, largest_rank = (), 0
     if args.lora_dir is not None:
-        from engine_build.lora import AdapterError, adapter_modules
+        from embedded_engine.peft_lora import AdapterError, adapter_modules
 
         try:
             lora_modules, largest_rank = adapter_modules(args.lora_dir)

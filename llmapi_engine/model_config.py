@@ -28,6 +28,16 @@ class ModelConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class LoraAdapterPath:
+    """One adapter of the repository: what the model builds the LLM API's LoRARequest(lora_name, lora_int_id,
+    lora_path) from."""
+
+    name: str
+    task_id: int
+    path: str  # the Hugging Face PEFT folder (resolved)
+
+
+@dataclass(frozen=True)
 class LlmModelConfig:
     llm_args: dict[str, Any]  # model.yaml without triton_config, paths resolved
     decoupled: bool
@@ -36,6 +46,19 @@ class LlmModelConfig:
     @property
     def tokenizer_dir(self) -> Path:
         return Path(self.llm_args.get("tokenizer") or self.llm_args["model"])
+
+    def lora_adapters(self) -> dict[str, LoraAdapterPath]:
+        """The repository's adapters by name: lora_config.lora_dir[i - 1] is task id i, its folder's name the
+        adapter's (make repo LORA_DIR, engine_build/llmapi_flow.py lora_config; the same names and ids as
+        preprocessing's lora_adapters table); none without lora_config."""
+        folders = (self.llm_args.get("lora_config") or {}).get("lora_dir") or []
+        adapters = {}
+        for task_id, folder in enumerate(folders, start=1):
+            name = Path(folder).name
+            if name in adapters:
+                raise ModelConfigError(f"model.yaml lora_config.lora_dir: two adapters named {name!r}")
+            adapters[name] = LoraAdapterPath(name, task_id, str(folder))
+        return adapters
 
     def max_seq_len(self) -> int:
         """Prompt plus output, at most: model.yaml's max_seq_len, else the checkpoint's max_position_embeddings

@@ -28,8 +28,12 @@ SamplingParams, from the C++ contract (sampling_params.py@b35ac1b field names; d
   (exclude_input_in_output false, as the C++ backend echoes it unstreamed), so that token_ids_diff is always output.
 Refused by name: beam_width > 1 and num_return_sequences > 1 (one sequence per request here), draft tokens and logits
 (1.2.x's LLM API takes no per-request drafts: speculation is model.yaml's speculative_config), prompt tables,
-multimodal and encoder inputs, KV-cache retention, lookahead, context phase parameters, and LoRA (lora_task_id,
-lora_weights, lora_config: not served by this flow yet).
+multimodal and encoder inputs, KV-cache retention, lookahead, context phase parameters.
+LoRA: `lora_task_id` or `lora_name` (both: they must agree; bls/lora_names.py, as preprocessing maps them) select one of
+the repository's adapters (model.yaml lora_config.lora_dir: task id i is lora_dir[i - 1]), which the request carries
+to generate_async as LoRARequest(lora_name, lora_int_id=task id, lora_path=its PEFT folder), as the PyTorch flow takes
+adapters (by path). NVIDIA's lora_weights / lora_config (the engine-format upload of the C++ backend) are refused by
+name: the LLM API has no way to take them.
 """
 
 from __future__ import annotations
@@ -41,9 +45,11 @@ import numpy as np
 
 from bls.batch import BatchInputs, decode_utf8, refuse_deep_json
 from bls.errors import InvalidRequest
+from bls.lora_names import lora_task_ids
 from bls.text.tokenizer import TokenizerBundle
 from bls.token_ids import check_token_ids
 from bls.word_lists import WordList
+from llmapi_engine.model_config import LoraAdapterPath
 
 # NVIDIA's llmapi model: its ten sampling_param_* inputs (helpers.py get_sampling_params_from_request) -> the
 # SamplingParams field each sets, and its output switches (get_output_config_from_request).
@@ -87,7 +93,7 @@ _CONTRACT_TAKEN = frozenset({
     "input_ids", "input_lengths", "request_output_len", "num_return_sequences", "beam_width", "end_id", "pad_id",
     "stop_words_list", "bad_words_list", "embedding_bias", "return_log_probs", "return_num_input_tokens",
     "return_num_output_tokens", "exclude_input_in_output", "streaming", "stop", "guided_decoding_guide_type",
-    "guided_decoding_guide", *_SAMPLING_INPUTS, *_RETURN_FLAGS,
+    "guided_decoding_guide", "lora_task_id", "lora_name", *_SAMPLING_INPUTS, *_RETURN_FLAGS,
     # Encoder-decoder inputs upstream clients and preprocessing send; a decoder-only model has no use for them, as
     # the tensorrtllm backend ignores them.
     "decoder_input_ids", "decoder_input_lengths",
@@ -100,8 +106,8 @@ _REFUSED = {
     "lookahead": "lookahead decoding is not offered by TensorRT-LLM's PyTorch flow",
     "retention": "KV-cache retention priorities are not served by the llmapi flow's tensorrt_llm",
     "context": "disaggregated serving (context phase parameters) is not served by the llmapi flow's tensorrt_llm",
-    "lora": "LoRA adapters are not served by the llmapi flow's tensorrt_llm yet (ENGINE=embedded and ENGINE=trtllm "
-            "repositories serve them)",
+    "lora": "the LLM API takes LoRA adapters by path (model.yaml's lora_config), not as uploaded weights: select one "
+            "of the repository's adapters with lora_task_id or lora_name",
 }
 _MULTIMODAL = "multimodal and encoder inputs are not served by the llmapi flow's tensorrt_llm (a text-only Llama)"
 # Our guide types (embedded_engine/guided.py GUIDE_TYPES, the 1.2.1 backend's) -> GuidedDecodingParams' fields.
@@ -124,6 +130,7 @@ class LlmRequest:
     return_log_probs: bool = False
     return_num_input_tokens: bool = False
     return_num_output_tokens: bool = False
+    lora: LoraAdapterPath | None = None  # the repository's adapter the request selected
     # NVIDIA's llmapi names: text out (None: the C++ contract's token ids out) and its output switches.
     text_api: bool = False
     output_switches: frozenset[str] = field(default_factory=frozenset)
@@ -136,10 +143,11 @@ def is_stop_request(inputs: dict[str, np.ndarray]) -> bool:
 
 
 def map_request(inputs: dict[str, np.ndarray], tokenizer: TokenizerBundle, vocab_size: int, max_seq_len: int,
-                default_exclude_input: bool) -> list[LlmRequest]:
-    """The LLM requests of one Triton request; InvalidRequest names the input of any problem."""
+                default_exclude_input: bool, adapters: dict[str, LoraAdapterPath]) -> list[LlmRequest]:
+    """The LLM requests of one Triton request; InvalidRequest names the input of any problem. `adapters`: the
+    repository's LoRA adapters by name (LlmModelConfig.lora_adapters)."""
     requests = [map_llmapi_request(inputs, tokenizer)] if TEXT_INPUT in inputs else \
-        map_contract_request(inputs, tokenizer, vocab_size, default_exclude_input)
+        map_contract_request(inputs, tokenizer, vocab_size, default_exclude_input, adapters)
     for request in requests:
         total = len(request.prompt_token_ids) + request.sampling["max_tokens"]
         if total > max_seq_len:
@@ -163,7 +171,7 @@ def _refuse_unknown(inputs: dict[str, np.ndarray], taken: frozenset[str], other:
 # ---- the C++ backend's contract ----------------------------------------------------------------------------------
 
 def map_contract_request(inputs: dict[str, np.ndarray], tokenizer: TokenizerBundle, vocab_size: int,
-                         default_exclude_input: bool) -> list[LlmRequest]:
+                         default_exclude_input: bool, adapters: dict[str, LoraAdapterPath]) -> list[LlmRequest]:
     _refuse_unknown(inputs, _CONTRACT_TAKEN, _LLMAPI_TAKEN - {"streaming", "stop"}, "the C++ backend's contract")
     for name in ("input_ids", "input_lengths", "request_output_len"):
         if name not in inputs:
@@ -172,12 +180,31 @@ def map_contract_request(inputs: dict[str, np.ndarray], tokenizer: TokenizerBund
     if input_ids.ndim != 2:
         raise InvalidRequest("input_ids", f"must have shape [batch, length], got {list(input_ids.shape)}")
     rows = BatchInputs(inputs, input_ids.shape[0])
-    return [_contract_row(rows, row, input_ids[row], tokenizer, vocab_size, default_exclude_input)
+    loras = _lora_adapters(rows, adapters)
+    return [_contract_row(rows, row, input_ids[row], tokenizer, vocab_size, default_exclude_input, loras[row])
             for row in range(rows.batch_size)]
 
 
+def _lora_adapters(rows: BatchInputs, adapters: dict[str, LoraAdapterPath]) -> list[LoraAdapterPath | None]:
+    """Each row's adapter, from its lora_name or lora_task_id (bls/lora_names.py: an unknown name, or a name and an id
+    that disagree, is refused naming them); an id that is none of the repository's adapters is refused too."""
+    task_ids = lora_task_ids(rows, {name: adapter.task_id for name, adapter in adapters.items()}, "lora_name",
+                             "lora_task_id")
+    if task_ids is None:
+        return [None] * rows.batch_size
+    by_id = {adapter.task_id: adapter for adapter in adapters.values()}
+    selected = []
+    for task_id in task_ids.reshape(-1).tolist():
+        if task_id not in by_id:
+            served = ", ".join(f"{a.name}={a.task_id}" for a in adapters.values()) or "none: built without LORA_DIR"
+            raise InvalidRequest("lora_task_id", f"LoRA task {task_id} not found: this repository's adapters are "
+                                                 f"{served} (the LLM API takes adapters by path, not uploaded)")
+        selected.append(by_id[task_id])
+    return selected
+
+
 def _contract_row(rows: BatchInputs, row: int, padded_ids: np.ndarray, tokenizer: TokenizerBundle, vocab_size: int,
-                  default_exclude_input: bool) -> LlmRequest:
+                  default_exclude_input: bool, lora: LoraAdapterPath | None) -> LlmRequest:
     prompt_len = rows.scalar("input_lengths", row, int)
     if prompt_len <= 0 or padded_ids.shape[0] == 0:
         raise InvalidRequest("input_ids", "the prompt is empty")
@@ -230,6 +257,7 @@ def _contract_row(rows: BatchInputs, row: int, padded_ids: np.ndarray, tokenizer
         return_log_probs=return_log_probs,
         return_num_input_tokens=rows.scalar("return_num_input_tokens", row, bool, False),
         return_num_output_tokens=rows.scalar("return_num_output_tokens", row, bool, False),
+        lora=lora,
     )
 
 

@@ -136,6 +136,14 @@ class LlmRunner:
         except (ValueError, TypeError) as error:
             raise InvalidRequest("SamplingParams", str(error)) from None
 
+    def _lora_request(self, request: LlmRequest) -> Any:
+        """LoRARequest(lora_name, lora_int_id, lora_path) of the request's adapter (executor/request.py@4ce835a; its
+        lora_ckpt_source keeps the default 'hf': the folders are PEFT adapters); None without one."""
+        if request.lora is None:
+            return None
+        return self._api.LoRARequest(lora_name=request.lora.name, lora_int_id=request.lora.task_id,
+                                     lora_path=request.lora.path)
+
     async def _generate(self, request: LlmRequest, sampling_params: Any, stream: _TritonStream,
                         registration: Registration, row_done: Callable[[], None]) -> None:
         builder = ResponseBuilder(request, self._tokenizer)
@@ -143,7 +151,7 @@ class LlmRunner:
         try:
             try:
                 output = self._llm.generate_async(request.prompt_token_ids, sampling_params=sampling_params,
-                                                  streaming=request.streaming)
+                                                  lora_request=self._lora_request(request), streaming=request.streaming)
             except Unavailable:
                 raise
             except (ValueError, TypeError) as error:

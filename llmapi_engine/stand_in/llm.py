@@ -19,6 +19,7 @@ import itertools
 import json
 import queue
 import tempfile
+import threading
 import time
 from dataclasses import fields
 from datetime import timedelta
@@ -30,6 +31,8 @@ import numpy as np
 from bls.finish_reason import FinishReason
 from bls.word_lists import WordList
 from embedded_engine.guided import GrammarCache, Guide
+from embedded_engine.lora import LLAMA_MODULES, LoraAdapter, adapter_from_tensors
+from embedded_engine.peft_lora import adapter_modules, complete_modules, convert_peft_adapter
 from embedded_engine.request import EngineLimits, GenerationRequest
 from embedded_engine.sampling import SamplingParams as EngineSampling
 from embedded_engine.scheduler import TOKENS_PER_KV_BLOCK, EngineEvent, IterationStats, build_engine, kv_blocks
@@ -37,6 +40,7 @@ from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS, EngineSettings
 from llmapi_engine.stand_in.llm_args import (
     EXTRA_KEYWORDS,
     TORCH_LLM_ARGS,
+    LoraConfig,
     NGramDecodingConfig,
     check_supported,
     decoding_config_from_dict,
@@ -50,6 +54,7 @@ from llmapi_engine.stand_in.outputs import (
     SpeculativeDecodingMetrics,
     TimingMetrics,
 )
+from llmapi_engine.stand_in.request import LoRARequest
 from llmapi_engine.stand_in.sampling_params import GuidedDecodingParams, SamplingParams
 
 # SamplingParams fields the embedded engine does not sample with: set to anything but their default, refused.
@@ -77,6 +82,11 @@ class LLM:
             if key not in TORCH_LLM_ARGS and key not in EXTRA_KEYWORDS:
                 raise ValueError(f"LLM got invalid argument: {key}")
         args = {"tensor_parallel_size": tensor_parallel_size, **kwargs}
+        if isinstance(args.get("lora_config"), dict):  # upstream's pydantic field validates a dict into LoraConfig
+            try:
+                args["lora_config"] = LoraConfig(**args["lora_config"])
+            except TypeError as error:
+                raise ValueError(f"LLM argument lora_config: {error}") from None
         check_supported(args)
         if skip_tokenizer_init:
             raise ValueError("LLM argument skip_tokenizer_init: the stand-in needs the tokenizer (end_id, stops)")
@@ -101,6 +111,7 @@ class LLM:
             max_active_requests=int(args.get("max_batch_size") or DEFAULT_MAX_ACTIVE_REQUESTS),
             kv_cache_reuse=bool(reuse),
             ngram=None if speculative is None else speculative.drafting(),
+            **_lora_settings(args.get("lora_config")),
         )
         self._engine = build_engine(settings, on_iteration=self._on_iteration if self._stats is not None else None)
         self._workspace = tempfile.TemporaryDirectory(suffix="-llm-workspace")
@@ -112,6 +123,7 @@ class LLM:
             self._grammars = GrammarCache(info, self._engine.limits.vocab_size)
         self._ids = itertools.count(1)
         self._drafting = speculative is not None
+        self._lora_lock = threading.Lock()  # one load of an adapter however many requests name it at once
 
     @property
     def workspace(self) -> Path:
@@ -122,7 +134,7 @@ class LLM:
                        kv_cache_retention_config: Any = None, disaggregated_params: Any = None,
                        _postproc_params: Any = None, scheduling_params: Any = None,
                        cache_salt: str | None = None) -> RequestOutput:
-        for name, value in (("lora_request", lora_request), ("prompt_adapter_request", prompt_adapter_request),
+        for name, value in (("prompt_adapter_request", prompt_adapter_request),
                             ("kv_cache_retention_config", kv_cache_retention_config),
                             ("disaggregated_params", disaggregated_params), ("_postproc_params", _postproc_params),
                             ("scheduling_params", scheduling_params), ("cache_salt", cache_salt)):
@@ -131,7 +143,8 @@ class LLM:
         params = (sampling_params or SamplingParams())._setup(self.tokenizer)
         prompt = self._prompt_token_ids(inputs, params)
         request_id = next(self._ids)
-        request = self._engine_request(request_id, prompt, params, streaming)
+        request = self._engine_request(request_id, prompt, params, streaming,
+                                       None if lora_request is None else self._lora_adapter(lora_request))
         output = RequestOutput(request_id, prompt, streaming, abort=lambda: self._engine.cancel(str(request_id)))
         self._engine.submit(request, _OutputFeed(output, params, request, self._return_perf_metrics, self.tokenizer))
         return output
@@ -157,8 +170,26 @@ class LLM:
             raise TypeError(f"The inputs must be type str or list of int, but got {type(inputs)}")
         return [int(t) for t in inputs]
 
+    def _lora_adapter(self, lora_request: LoRARequest) -> LoraAdapter:
+        """The adapter of a LoRARequest: cached by lora_int_id (as upstream's LoRA manager caches by it), else read
+        from lora_path, the Hugging Face PEFT folder, and checked against the model and lora_config."""
+        adapters = self._engine.adapters
+        if adapters is None:
+            raise ValueError("generate_async: lora_request needs the LLM's lora_config (this LLM serves no LoRA)")
+        if lora_request.lora_ckpt_source != "hf":
+            raise ValueError(f"LoRARequest.lora_ckpt_source={lora_request.lora_ckpt_source!r}: the stand-in reads "
+                             "Hugging Face PEFT adapters ('hf') only")
+        task_id = int(lora_request.lora_int_id)
+        with self._lora_lock:
+            if task_id in adapters:
+                return adapters.get(task_id)
+            converted = convert_peft_adapter(Path(lora_request.lora_path), task_id, adapters.layout)
+            adapter = adapter_from_tensors(task_id, converted.weights, converted.config, adapters.layout)
+            adapters.put(adapter)
+            return adapter
+
     def _engine_request(self, request_id: int, prompt: list[int], params: SamplingParams,
-                        streaming: bool) -> GenerationRequest:
+                        streaming: bool, lora: LoraAdapter | None) -> GenerationRequest:
         defaults = SamplingParams()
         for name in UNSUPPORTED_SAMPLING:
             if getattr(params, name) != getattr(defaults, name):
@@ -209,6 +240,7 @@ class LLM:
             return_perf_metrics=params.return_perf_metrics or self._return_perf_metrics,
             arrival_ns=time.time_ns(),
             guide=self._guide(params.guided_decoding),
+            lora=lora,
         )
 
     def _guide(self, guided: GuidedDecodingParams | None) -> Any:
@@ -260,6 +292,21 @@ class LLM:
                     self._stats.get_nowait()
                 except queue.Empty:
                     pass
+
+
+def _lora_settings(lora: LoraConfig | None) -> dict[str, Any]:
+    """The embedded engine's LoRA settings from lora_config (none: no LoRA): the modules it applies adapters to
+    (lora_target_modules; empty: those lora_dir's adapters target, else every Llama projection: upstream's default
+    modules), completed with the partners applied together, and the largest rank."""
+    if lora is None:
+        return {}
+    modules = set(lora.lora_target_modules)
+    if not modules:
+        for folder in lora.lora_dir:
+            modules.update(adapter_modules(Path(folder), only=Path(folder))[0])
+    if not modules:
+        modules = {module.name for module in LLAMA_MODULES}
+    return {"lora_target_modules": complete_modules(modules), "max_lora_rank": lora.max_lora_rank}
 
 
 class _OutputFeed:

@@ -13,7 +13,7 @@ request gets and that the embedded engine cannot do is refused by name (check_su
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from embedded_engine.ngram import NGramDrafting
@@ -45,7 +45,7 @@ EXTRA_KEYWORDS = frozenset({"mpi_session", "_mpi_session"})
 HONOURED = frozenset({
     "model", "tokenizer", "max_batch_size", "max_seq_len", "kv_cache_config", "speculative_config",
     "guided_decoding_backend", "enable_iter_perf_stats", "iter_stats_max_iterations", "return_perf_metrics",
-    "stream_interval", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_beam_width",
+    "stream_interval", "backend", "tensor_parallel_size", "pipeline_parallel_size", "max_beam_width", "lora_config",
 })
 GPU_ONLY = TORCH_LLM_ARGS - HONOURED
 
@@ -79,13 +79,35 @@ def decoding_config_from_dict(config: dict[str, Any]) -> NGramDecodingConfig:
     return NGramDecodingConfig(**config)
 
 
+@dataclass
+class LoraConfig:
+    """`lora_config` (tensorrt_llm/lora_helper.py@037d4ba LoraConfig, a dataclass: llmapi-1.2.md section 1.1), with
+    upstream's fields and defaults. The stand-in honours lora_target_modules (the modules its engine applies LoRA to;
+    empty: those lora_dir's adapters target, or every Llama projection without lora_dir, as upstream's default
+    modules) and max_lora_rank; it takes adapters from each request's LoRARequest.lora_path, as the PyTorch flow
+    does. max_loras / max_cpu_loras size GPU and host adapter caches: the stand-in's cache is the embedded engine's
+    (embedded_engine.lora.LoraCache, bounded in bytes). lora_ckpt_source 'nemo' and a custom
+    trtllm_modules_to_hf_modules are refused (check_supported): it reads Hugging Face PEFT folders, Llama's names."""
+
+    lora_dir: list[str] = field(default_factory=list)
+    lora_ckpt_source: str = "hf"
+    max_lora_rank: int = 64
+    lora_target_modules: list[str] = field(default_factory=list)
+    trtllm_modules_to_hf_modules: dict[str, str] = field(default_factory=dict)
+    max_loras: int | None = None
+    max_cpu_loras: int | None = None
+    swap_gate_up_proj: bool = True
+
+
 def update_llm_args_with_extra_dict(llm_args: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
     """tensorrt_llm.llmapi.llm_utils.update_llm_args_with_extra_dict for the stand-in's nested configs: the
-    speculative_config dict becomes its config object (upstream: DecodingBaseConfig.from_dict); the result is
-    `llm_args | extra` (shallow), as upstream's."""
+    speculative_config dict becomes its config object (upstream: DecodingBaseConfig.from_dict), lora_config's
+    `LoraConfig(**d)` (as upstream's field_mapping); the result is `llm_args | extra` (shallow), as upstream's."""
     extra = dict(extra)
     if isinstance(extra.get("speculative_config"), dict):
         extra["speculative_config"] = decoding_config_from_dict(extra["speculative_config"])
+    if isinstance(extra.get("lora_config"), dict):
+        extra["lora_config"] = LoraConfig(**extra["lora_config"])
     return llm_args | extra
 
 
@@ -98,8 +120,19 @@ def check_supported(args: dict[str, Any]) -> None:
         raise ValueError(f"LLM argument max_beam_width={args['max_beam_width']}: the stand-in has no beam search")
     if args.get("backend") not in (None, "pytorch"):
         raise ValueError(f"LLM argument backend={args['backend']!r}: the stand-in stands in for the PyTorch backend")
-    if args.get("lora_config") is not None or args.get("enable_lora"):
-        raise ValueError("LLM argument lora_config: the stand-in does not serve LoRA adapters")
+    lora = args.get("lora_config")
+    if lora is None and args.get("enable_lora"):
+        raise ValueError("LLM argument enable_lora: the stand-in takes LoRA from lora_config (its target modules and "
+                         "max_lora_rank)")
+    if lora is not None:
+        if not isinstance(lora, LoraConfig):
+            raise ValueError(f"LLM argument lora_config: a LoraConfig or its dict, got {type(lora).__name__}")
+        if lora.lora_ckpt_source != "hf":
+            raise ValueError(f"LLM argument lora_config.lora_ckpt_source={lora.lora_ckpt_source!r}: the stand-in "
+                             "reads Hugging Face PEFT adapters ('hf') only")
+        if lora.trtllm_modules_to_hf_modules:
+            raise ValueError("LLM argument lora_config.trtllm_modules_to_hf_modules: the stand-in maps Llama's "
+                             "projections by upstream's default names only (leave it empty)")
     backend = args.get("guided_decoding_backend")
     if backend not in (None, "xgrammar"):
         raise ValueError(f"LLM argument guided_decoding_backend={backend!r}: the stand-in compiles with xgrammar")

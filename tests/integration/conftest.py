@@ -111,6 +111,20 @@ def built_repository_server(request, tmp_path_factory, name: str, **settings) ->
         yield server
 
 
+@contextmanager
+def built_llmapi_repository_server(request, tmp_path_factory, name: str, *repo_args: str) -> Iterator[TritonServer]:
+    """tritonserver on an LLM API stand-in repository built here as `make repo ENGINE=llmapi` builds it (from
+    build/assets; `repo_args`: more `python -m engine_build repo` options, e.g. --lora-dir)."""
+    from engine_build.cli import main as engine_build
+
+    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    repo = tmp_path_factory.mktemp(name) / "repo"
+    assert engine_build(["repo", "--engine", "llmapi", "--repo", str(repo), "--assets", str(ASSETS), *repo_args]) == 0
+    with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
+        yield server
+
+
 STARTS_ITS_OWN_SERVER = {
     "test_faults.py": "kills model processes and shrinks /dev/shm of a server it starts on the synthetic embedded "
                       "engine it builds from build/assets",
@@ -128,6 +142,7 @@ STARTS_ITS_OWN_SERVER = {
         "kills a tritonserver it starts on the synthetic embedded engine it builds from build/assets",
     "test_lora.py":
         "starts a server on a LORA_DIR repository (adapters it makes with peft) it builds from build/assets",
+    "test_relay_fuzz.py": "starts a server on the synthetic embedded engine it builds from build/assets",
 }
 NEEDS_EMBEDDED_ENGINE = {
     "test_embedded_engine_exports_the_tensorrtllm_backend_families": "its nv_trt_llm_* values are the embedded "
@@ -156,8 +171,15 @@ NEEDS_EMBEDDED_ENGINE = {
 
 
 # Tests of what the LLM API flow's tensorrt_llm (the llmapi repositories: its `llm` parameter) does not have, skipped
-# there by name. Its stand-in runs the embedded engine, so the transformers comparisons above still run on it.
+# there by name (a test's, or a module's). Its stand-in runs the embedded engine, so the transformers comparisons
+# above still run on it. Of the modules that start a server of their own (STARTS_ITS_OWN_SERVER), test_lora.py builds
+# the flow --repo has and test_relocation.py serves a copy of --repo: both run on it; the others build an embedded
+# engine's repository whatever --repo is, which the default pass (`make test`) serves, and are skipped here.
+_OWN_EMBEDDED_SERVER = "builds and serves an embedded engine's repository of its own whatever --repo is (the default " \
+                       "pass runs it; no LLM API model in it)"
 NOT_ON_LLMAPI = {
+    **{module: _OWN_EMBEDDED_SERVER for module in STARTS_ITS_OWN_SERVER
+       if module not in ("test_lora.py", "test_relocation.py")},
     "test_draft_tokens_are_verified": "1.2.x's LLM API takes no draft tokens per request (draft_input_ids is refused "
                                       "by name there)",
     "test_speculative_equals_plain_greedy": "draft-target rounds send draft_input_ids, which 1.2.x's LLM API does not "
@@ -212,9 +234,10 @@ def pytest_collection_modifyitems(config, items):
         module = item.fspath.basename
         if url and module in STARTS_ITS_OWN_SERVER:
             item.add_marker(pytest.mark.skip(reason=f"--server-url: {module} {STARTS_ITS_OWN_SERVER[module]}"))
-        elif item.originalname in NOT_ON_LLMAPI and llm is not None:
-            item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm runs the LLM API ({llm}): {item.originalname} "
-                                                    f"{NOT_ON_LLMAPI[item.originalname]}"))
+        elif llm is not None and (module in NOT_ON_LLMAPI or item.originalname in NOT_ON_LLMAPI):
+            name = module if module in NOT_ON_LLMAPI else item.originalname
+            item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm runs the LLM API ({llm}): {name} "
+                                                    f"{NOT_ON_LLMAPI[name]}"))
         elif item.originalname in NEEDS_EMBEDDED_ENGINE and backend != "python":
             item.add_marker(pytest.mark.skip(reason=f"tensorrt_llm is backend {backend}, not the embedded engine: "
                                                     f"{item.originalname} {NEEDS_EMBEDDED_ENGINE[item.originalname]}"))

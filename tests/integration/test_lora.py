@@ -4,6 +4,10 @@ on the same weights; adapters are chosen by name (lora_name) on the ensemble and
 lora_task_id / lora_weights / lora_config; unknown names and ids are refused naming them; concurrent streams with
 different adapters each keep their own; speculative and guided decoding work with an adapter. The OpenAI-compatible API
 in front of it (--repo) serves each adapter as a model, by name.
+
+The flow follows --repo's: against an LLM API repository (`llm` parameter) the server is `make repo ENGINE=llmapi
+LORA_DIR=...`'s (the stand-in, adapters by path through LoRARequest, no draft: LoRA x speculation is refused there),
+whose checkpoint is the tiny target's ModelOpt export; uploaded weights are refused by name there.
 """
 
 from __future__ import annotations
@@ -16,11 +20,16 @@ import openai
 import pytest
 
 from embedded_engine.lora import LoraLayout
-from engine_build.lora import convert_peft_adapter
+from embedded_engine.peft_lora import convert_peft_adapter
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream, streamed_texts
 from testkit.openai_api import openai_api
-from tests.integration.conftest import ASSETS, built_repository_server
+from tests.integration.conftest import (
+    ASSETS,
+    built_llmapi_repository_server,
+    built_repository_server,
+    served_engine_parameters,
+)
 
 ENGINE, ENSEMBLE, BLS = "tensorrt_llm", "ensemble", "tensorrt_llm_bls"
 PEFT_NAMES = {"attn_q": "q_proj", "attn_k": "k_proj", "attn_v": "v_proj", "attn_dense": "o_proj",
@@ -35,12 +44,23 @@ PROMPT = "Tell me a story about a brave little toaster."
 TEXT = {"text_input": PROMPT, "max_tokens": 16, "end_id": -1}
 
 
+LLMAPI = "llmapi"
+# The checkpoint each flow's repository serves: the embedded flow's AWQ checkpoint, the LLM API flow's ModelOpt export.
+SERVED_CHECKPOINT = {"embedded": "tiny-target-awq", LLMAPI: "tiny-target-modelopt-hf"}
+
+
 @pytest.fixture(scope="module")
-def base_model():
-    """The weights the embedded engine serves (the tiny target's AWQ checkpoint, dequantised as the engine loads it)."""
+def flow(request) -> str:
+    """The flow under test: --repo's (an LLM API repository has an `llm` parameter)."""
+    return LLMAPI if served_engine_parameters(request.config).get("llm") is not None else "embedded"
+
+
+@pytest.fixture(scope="module")
+def base_model(flow):
+    """The weights the engine serves (the flow's checkpoint of the tiny target, dequantised as the engine loads it)."""
     from embedded_engine.checkpoint import load_checkpoint
 
-    return load_checkpoint(ASSETS / "tiny-target-awq").model
+    return load_checkpoint(ASSETS / SERVED_CHECKPOINT[flow]).model
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +82,11 @@ def lora_dir(base_model, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(request, tmp_path_factory, lora_dir):
+def server(request, tmp_path_factory, lora_dir, flow):
+    if flow == LLMAPI:
+        with built_llmapi_repository_server(request, tmp_path_factory, "lora", "--lora-dir", str(lora_dir)) as server:
+            yield server
+        return
     with built_repository_server(request, tmp_path_factory, "lora", lora_dir=lora_dir,
                                  draft=ASSETS / "tiny-draft-awq") as server:
         yield server
@@ -110,9 +134,11 @@ def test_the_engine_with_each_prefetched_adapter_equals_peft_and_without_equals_
             == expected
 
 
-def test_raw_weights_sent_with_a_request_then_the_task_id_alone(server, base_model, lora_dir, prompt_ids):
+def test_raw_weights_sent_with_a_request_then_the_task_id_alone(server, base_model, lora_dir, prompt_ids, flow):
     """NVIDIA's protocol, unchanged: weights and config with the first request of a task id, then the id alone; here
     over gRPC to the ensemble (float16 lora_weights, as Triton's contract declares them)."""
+    if flow == LLMAPI:
+        pytest.skip("the LLM API takes adapters by path: uploaded weights are refused there (the next test)")
     layout = LoraLayout.from_config(base_model.config, tuple(PEFT_NAMES), 64)
     adapter = convert_peft_adapter(lora_dir / "beta", 100, layout)
     tensors = {"text_input": np.array([[PROMPT]], object), "max_tokens": np.array([[16]], np.int32),
@@ -129,6 +155,21 @@ def test_raw_weights_sent_with_a_request_then_the_task_id_alone(server, base_mod
     assert generate(server.http_url, ENGINE, engine_body(prompt_ids, lora_task_id=[100]))["output_ids"] == expected
 
 
+def test_the_llm_api_refuses_uploaded_weights_by_name(server, base_model, lora_dir, flow):
+    """The LLM API takes an adapter as LoRARequest(lora_path), never as the C++ backend's lora_weights / lora_config:
+    a request that uploads them is refused naming them (over gRPC to the ensemble, as NVIDIA's client sends them)."""
+    if flow != LLMAPI:
+        pytest.skip("the embedded flow takes uploaded weights (the test above)")
+    layout = LoraLayout.from_config(base_model.config, tuple(PEFT_NAMES), 64)
+    adapter = convert_peft_adapter(lora_dir / "beta", 100, layout)
+    tensors = {"text_input": np.array([[PROMPT]], object), "max_tokens": np.array([[16]], np.int32),
+               "lora_task_id": np.array([[100]], np.uint64), "lora_weights": adapter.weights,
+               "lora_config": adapter.config}
+    result = grpc_stream(server.grpc_url, ENSEMBLE, tensors, ["text_output"])
+    assert result.error is not None and "takes LoRA adapters by path" in result.error, result.error
+    assert "lora_weights" in result.error or "lora_config" in result.error
+
+
 @pytest.mark.parametrize("model", [ENSEMBLE, BLS])
 def test_lora_name_selects_the_adapter_as_its_task_id_does(server, task_ids, model):
     base = generate(server.http_url, model, TEXT)["text_output"]
@@ -141,7 +182,7 @@ def test_lora_name_selects_the_adapter_as_its_task_id_does(server, task_ids, mod
 
 
 @pytest.mark.parametrize("model", [ENSEMBLE, BLS])
-def test_unknown_names_and_task_ids_are_refused_naming_them(server, model):
+def test_unknown_names_and_task_ids_are_refused_naming_them(server, model, flow):
     with pytest.raises(HttpError) as error:
         generate(server.http_url, model, {**TEXT, "lora_name": "gamma"})
     assert error.value.status == 400
@@ -149,7 +190,9 @@ def test_unknown_names_and_task_ids_are_refused_naming_them(server, model):
     with pytest.raises(HttpError) as error:
         generate(server.http_url, model, {**TEXT, "lora_task_id": 999})
     assert error.value.status == 400
-    assert "LoRA task 999 not found in cache" in error.value.message
+    # The C++ backend's words (a task id it may yet be sent weights for); the LLM API's: the repository's adapters.
+    assert ("LoRA task 999 not found: this repository's adapters are alpha=1, beta=2" if flow == LLMAPI
+            else "LoRA task 999 not found in cache") in error.value.message
     with pytest.raises(HttpError) as error:
         generate(server.http_url, model, {**TEXT, "lora_name": "alpha", "lora_task_id": 2})
     assert error.value.status == 400 and "lora_task_id" in error.value.message
@@ -162,9 +205,12 @@ def test_concurrent_streams_with_different_adapters_each_keep_their_own(server):
         assert text == generate(server.http_url, BLS, body)["text_output"], body
 
 
-def test_speculative_decoding_with_an_adapter_equals_the_adapters_own_greedy_output(server):
+def test_speculative_decoding_with_an_adapter_equals_the_adapters_own_greedy_output(server, flow):
     """The target applies the adapter while verifying; the draft proposes without it (it has none): greedy output is
     the target's with the adapter, token for token."""
+    if flow == LLMAPI:
+        pytest.skip("an LLM API LORA_DIR build has no speculation: LoRA x speculative decoding is untested upstream "
+                    "(engine_build/llmapi_flow.py check_combinations refuses it)")
     plain = generate(server.http_url, BLS, {**TEXT, "lora_name": "alpha"})["text_output"]
     assert generate(server.http_url, BLS, {**TEXT, "lora_name": "alpha", "num_draft_tokens": 4})["text_output"] \
         == plain

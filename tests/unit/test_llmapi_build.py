@@ -522,6 +522,11 @@ def test_the_cpu_build_serves_the_tiny_modelopt_export_on_the_stand_in(project, 
     version = repo / "tensorrt_llm" / "1"
     document = yaml.safe_load((version / MODEL_YAML).read_text())
     assert document["max_batch_size"] == 16 and document["speculative_config"]["decoding_type"] == "NGram"
+    # Triton's batches are the default embedded repository's (the engine queues rows past its 16 active sequences).
+    defaults = RepositorySettings(engine="embedded", tokenizer_dir=tmp_path, target=tmp_path)
+    assert document["triton_config"]["max_batch_size"] == defaults.triton_max_batch_size == 64
+    for model in ("tensorrt_llm", "preprocessing", "postprocessing", "ensemble"):
+        assert f"max_batch_size: {defaults.triton_max_batch_size}\n" in (repo / model / "config.pbtxt").read_text()
     quant = json.loads((version / "checkpoint" / "hf_quant_config.json").read_text())["quantization"]
     assert quant["quant_algo"] == "W4A16_AWQ"
     assert json.loads((repo / "repository.json").read_text())["llm"] == LLM_STAND_IN

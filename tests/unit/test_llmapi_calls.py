@@ -72,7 +72,13 @@ def recording_guided(**kwargs):
     return stand_in.GuidedDecodingParams(**kwargs)
 
 
-API = LlmApi("stand_in", RecordingLLM, recording_sampling_params, recording_guided, stand_in.LoRARequest,
+def recording_lora_request(**kwargs):
+    signature(upstream.LORA_REQUEST).bind(**kwargs)
+    CALLS.append(("LoRARequest", kwargs))
+    return stand_in.LoRARequest(**kwargs)
+
+
+API = LlmApi("stand_in", RecordingLLM, recording_sampling_params, recording_guided, recording_lora_request,
              stand_in.update_llm_args_with_extra_dict)
 
 
@@ -122,7 +128,7 @@ def contract(prompt, max_tokens, **extra):
 
 def run(runner, bundle, inputs, request_id="r", is_cancelled=lambda: False):
     sender = Sender()
-    runner.submit(request_id, map_request(inputs, bundle, bundle.vocab_size, 4096, True), sender, is_cancelled)
+    runner.submit(request_id, map_request(inputs, bundle, bundle.vocab_size, 4096, True, {}), sender, is_cancelled)
     return sender
 
 
@@ -140,7 +146,8 @@ def test_every_call_matches_the_recorded_signatures(runner, bundle):
     run(runner, bundle, text).wait()
     kinds = [kind for kind, _ in CALLS]
     assert kinds.count("generate_async") == 5 and kinds.count("SamplingParams") == 5
-    assert all(set(kwargs) == {"sampling_params", "streaming"} for kind, kwargs in CALLS if kind == "generate_async")
+    assert all(set(kwargs) == {"sampling_params", "lora_request", "streaming"} and kwargs["lora_request"] is None
+               for kind, kwargs in CALLS if kind == "generate_async")
 
 
 def test_streaming_sends_one_response_per_step_and_equals_unstreamed(runner, bundle):
@@ -164,7 +171,7 @@ def test_a_cancelled_client_aborts_its_request(runner, bundle):
 
     sender.send = send
     runner.submit("c", map_request(contract(PROMPT, 2000, streaming=True, end_id=np.int32(-1)), bundle,
-                                   bundle.vocab_size, 4096, True), sender, cancelled.is_set)
+                                   bundle.vocab_size, 4096, True, {}), sender, cancelled.is_set)
     sender.wait()
     assert sender.error is None and 2 <= len(seen) < 2000
 
@@ -180,7 +187,7 @@ def test_stop_aborts_the_request_with_that_id(runner, bundle):
 
     sender.send = send
     runner.submit("to-stop", map_request(contract(PROMPT, 2000, streaming=True, end_id=np.int32(-1)), bundle,
-                                         bundle.vocab_size, 4096, True), sender, lambda: False)
+                                         bundle.vocab_size, 4096, True, {}), sender, lambda: False)
     assert started.wait(60)
     assert runner.stop("to-stop") == 1
     sender.wait()
@@ -216,3 +223,20 @@ def test_a_tensorrt_llm_repository_never_falls_back_to_the_stand_in():
         pytest.skip("TensorRT-LLM is installed here: the load succeeds")
     with pytest.raises(ValueError, match="llm: 'auto'"):
         load_llm_api("auto")
+
+
+def test_the_lora_request_names_the_repositorys_adapter_by_upstreams_fields(tmp_path):
+    """A request that selected an adapter carries LoRARequest(lora_name, lora_int_id=its task id, lora_path=its PEFT
+    folder) (executor/request.py@4ce835a's fields, bound to the recorded signature)."""
+    from types import SimpleNamespace
+
+    from llmapi_engine.model_config import LoraAdapterPath
+    from llmapi_engine.request_mapping import LlmRequest
+
+    CALLS.clear()
+    request = LlmRequest([1, 2], {"max_tokens": 1}, lora=LoraAdapterPath("alpha", 1, str(tmp_path)))
+    lora = LlmRunner._lora_request(SimpleNamespace(_api=API), request)
+    assert (lora.lora_name, lora.lora_int_id, lora.lora_path, lora.lora_ckpt_source) == ("alpha", 1, str(tmp_path),
+                                                                                          "hf")
+    assert CALLS == [("LoRARequest", {"lora_name": "alpha", "lora_int_id": 1, "lora_path": str(tmp_path)})]
+    assert LlmRunner._lora_request(SimpleNamespace(_api=API), LlmRequest([1], {"max_tokens": 1})) is None

@@ -8,6 +8,7 @@ import pytest
 from bls.contract import TENSORRT_LLM_LLMAPI
 from bls.errors import InvalidRequest
 from bls.word_lists import encode_word_list
+from llmapi_engine.model_config import LlmModelConfig, LoraAdapterPath
 from llmapi_engine.request_mapping import LLMAPI_DEFAULT_MAX_TOKENS, map_request
 from tests.unit import upstream_llmapi as upstream
 
@@ -25,8 +26,8 @@ def contract(prompt=(9906, 1917), max_tokens=8, **extra):
     return inputs
 
 
-def mapped(bundle, inputs, exclude_input=False):
-    requests = map_request(inputs, bundle, VOCAB, MAX_SEQ_LEN, exclude_input)
+def mapped(bundle, inputs, exclude_input=False, adapters=None):
+    requests = map_request(inputs, bundle, VOCAB, MAX_SEQ_LEN, exclude_input, adapters or {})
     for request in requests:
         assert set(request.sampling) <= SAMPLING_FIELDS, set(request.sampling) - SAMPLING_FIELDS
         assert request.guided is None or set(request.guided) <= GUIDE_FIELDS
@@ -126,6 +127,9 @@ def test_output_options(bundle):
     ({"num_return_sequences": np.array([2], np.int32)}, "num_return_sequences"),
     ({"draft_input_ids": np.array([[1, 2]], np.int32)}, "draft_input_ids"),
     ({"lora_task_id": np.array([1], np.uint64)}, "lora_task_id"),
+    ({"lora_name": np.array([b"alpha"], object)}, "lora_name"),
+    ({"lora_weights": np.zeros((1, 1, 4), np.float16)}, "lora_weights"),
+    ({"lora_config": np.zeros((1, 1, 3), np.int32)}, "lora_config"),
     ({"prompt_embedding_table": np.zeros((1, 1, 4), np.float16)}, "prompt_embedding_table"),
     ({"lookahead_window_size": np.array([2], np.int32)}, "lookahead_window_size"),
     ({"encoder_input_features": np.zeros((1, 1, 4), np.float16)}, "encoder_input_features"),
@@ -212,3 +216,44 @@ def test_the_contract_declares_nvidias_llmapi_tensors_and_the_cpp_backends():
     assert {(s.name, s.data_type, s.dims) for s in TENSORRT_LLM.outputs} <= \
         {(s.name, s.data_type, s.dims) for s in TENSORRT_LLM_LLMAPI.outputs}
     assert all(spec.optional for spec in TENSORRT_LLM_LLMAPI.inputs)  # two request shapes: the model checks
+
+
+# ---- LoRA: the repository's adapters (model.yaml lora_config.lora_dir) by task id or name -----------------------
+LORA_YAML = {"model": "/m", "lora_config": {"lora_dir": ["/r/tensorrt_llm/1/lora/alpha", "/r/tensorrt_llm/1/lora/beta"],
+                                            "lora_ckpt_source": "hf", "max_lora_rank": 8}}
+
+
+def test_the_adapter_table_is_lora_dir_in_task_id_order():
+    adapters = LlmModelConfig(LORA_YAML, decoupled=True, cancellation_check_period_ms=100).lora_adapters()
+    assert adapters == {"alpha": LoraAdapterPath("alpha", 1, "/r/tensorrt_llm/1/lora/alpha"),
+                        "beta": LoraAdapterPath("beta", 2, "/r/tensorrt_llm/1/lora/beta")}
+    assert LlmModelConfig({"model": "/m"}, decoupled=True, cancellation_check_period_ms=100).lora_adapters() == {}
+
+
+def test_lora_task_id_or_lora_name_select_the_same_adapter_per_row(bundle):
+    adapters = LlmModelConfig(LORA_YAML, decoupled=True, cancellation_check_period_ms=100).lora_adapters()
+    (by_id,) = mapped(bundle, contract(lora_task_id=np.array([2], np.uint64)), adapters=adapters)
+    (by_name,) = mapped(bundle, contract(lora_name=np.array([b"beta"], object)), adapters=adapters)
+    (both,) = mapped(bundle, contract(lora_name=np.array([b"beta"], object), lora_task_id=np.array([2], np.uint64)),
+                     adapters=adapters)
+    assert by_id.lora == by_name.lora == both.lora == adapters["beta"]
+    (plain,) = mapped(bundle, contract(), adapters=adapters)
+    assert plain.lora is None
+    inputs = {"input_ids": np.array([[5, 6], [7, 8]], np.int32), "input_lengths": np.array([[2], [2]], np.int32),
+              "request_output_len": np.array([[4], [4]], np.int32), "lora_task_id": np.array([[1], [2]], np.uint64)}
+    assert [request.lora.name for request in mapped(bundle, inputs, adapters=adapters)] == ["alpha", "beta"]
+
+
+@pytest.mark.parametrize("extra, field, message", [
+    ({"lora_task_id": np.array([3], np.uint64)}, "lora_task_id",
+     "LoRA task 3 not found: this repository's adapters are alpha=1, beta=2"),
+    ({"lora_name": np.array([b"gamma"], object)}, "lora_name", "unknown LoRA adapter 'gamma'"),
+    ({"lora_name": np.array([b"alpha"], object), "lora_task_id": np.array([2], np.uint64)}, "lora_task_id",
+     "is not the task id of lora_name 'alpha'"),
+    ({"lora_weights": np.zeros((1, 1, 4), np.float16)}, "lora_weights", "takes LoRA adapters by path"),
+])
+def test_what_selects_no_adapter_of_the_repository_is_refused_by_name(bundle, extra, field, message):
+    adapters = LlmModelConfig(LORA_YAML, decoupled=True, cancellation_check_period_ms=100).lora_adapters()
+    with pytest.raises(InvalidRequest) as error:
+        mapped(bundle, contract(**extra), adapters=adapters)
+    assert error.value.field == field and message in str(error.value)

@@ -73,7 +73,10 @@ def test_llm_refuses_an_unknown_keyword_as_upstream():
 
 @pytest.mark.parametrize("kwargs, name", [
     ({"tensor_parallel_size": 2}, "tensor_parallel_size"),
-    ({"lora_config": {"lora_dir": []}}, "lora_config"),
+    ({"lora_config": {"lora_dir": [], "lora_ckpt_source": "nemo"}}, "lora_ckpt_source"),
+    ({"lora_config": {"trtllm_modules_to_hf_modules": {"attn_q": "q"}}}, "trtllm_modules_to_hf_modules"),
+    ({"lora_config": {"lora_dirs": []}}, "lora_config"),
+    ({"enable_lora": True}, "enable_lora"),
     ({"speculative_config": {"decoding_type": "Eagle", "max_draft_len": 3}}, "decoding_type 'Eagle'"),
     ({"max_beam_width": 4}, "max_beam_width"),
 ])
@@ -167,9 +170,68 @@ def test_what_the_stand_in_cannot_sample_is_refused_by_name(llm, name, value):
         llm.generate_async(PROMPT, stand_in.SamplingParams(**{name: value}))
 
 
-def test_a_lora_request_is_refused_by_name(llm):
-    with pytest.raises(ValueError, match="lora_request"):
-        llm.generate_async(PROMPT, lora_request=stand_in.LoRARequest("a", 1))
+def test_a_lora_request_needs_the_llms_lora_config_and_an_existing_path(llm, tmp_path):
+    with pytest.raises(ValueError, match="lora_request needs the LLM's lora_config"):
+        llm.generate_async(PROMPT, lora_request=stand_in.LoRARequest("a", 1, str(tmp_path)))
+    with pytest.raises(ValueError, match="lora_path .* does not exist"):
+        stand_in.LoRARequest("a", 1, str(tmp_path / "missing"))
+
+
+def test_a_lora_request_applies_its_peft_folder_as_peft_does(tmp_path):
+    """LoraConfig as model.yaml gives it (a dict, through update_llm_args_with_extra_dict), adapters by path: greedy
+    output with each adapter equals peft's generate() on the same weights; without one, the base model's; an
+    adapter for modules the LLM was not configured for is refused naming them."""
+    import copy
+
+    import torch
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    from embedded_engine.checkpoint import load_checkpoint
+
+    if not (MODEL / "config.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    base = load_checkpoint(str(MODEL)).model
+    for name, targets, seed in (("alpha", ["q_proj", "v_proj", "down_proj"], 1), ("beta", ["o_proj", "up_proj"], 2)):
+        model = get_peft_model(copy.deepcopy(base), LoraConfig(r=4, lora_alpha=8, target_modules=targets,
+                                                               lora_dropout=0.0))
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():  # non-zero A and B, float16-exact (the adapters are kept as float16)
+            for parameter_name, parameter in model.named_parameters():
+                if "lora_" in parameter_name:
+                    parameter.copy_((torch.randn(parameter.shape, generator=generator) * 0.2).half().float())
+        model.save_pretrained(str(tmp_path / name))
+
+    def peft_greedy(name):
+        model = base if name is None else PeftModel.from_pretrained(copy.deepcopy(base), str(tmp_path / name)).eval()
+        with torch.no_grad():
+            out = model.generate(input_ids=torch.tensor([PROMPT]), max_new_tokens=8, do_sample=False,
+                                 eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(PROMPT)))
+        return out[0, len(PROMPT):].tolist()
+
+    args = stand_in.update_llm_args_with_extra_dict({}, {
+        "model": str(MODEL), "max_batch_size": 4,
+        "lora_config": {"lora_dir": [str(tmp_path / "alpha")], "lora_ckpt_source": "hf", "max_lora_rank": 8,
+                        "lora_target_modules": ["attn_q", "attn_v", "mlp_4h_to_h", "attn_dense", "mlp_gate"],
+                        "max_loras": 2, "max_cpu_loras": 2}})
+    assert isinstance(args["lora_config"], llm_args.LoraConfig)
+    llm = LLM(**args)
+    try:
+        greedy = stand_in.SamplingParams(max_tokens=8, end_id=-1)
+        outputs = {}
+        for task_id, name in ((None, None), (1, "alpha"), (2, "beta"), (1, "alpha")):
+            lora = None if name is None else stand_in.LoRARequest(name, task_id, str(tmp_path / name))
+            outputs[name] = llm.generate_async(PROMPT, greedy, lora_request=lora).result().outputs[0].token_ids
+            assert outputs[name] == peft_greedy(name), name
+        assert len({tuple(ids) for ids in outputs.values()}) == 3
+    finally:
+        llm.shutdown()
+    narrow = LLM(**stand_in.update_llm_args_with_extra_dict({}, {
+        "model": str(MODEL), "lora_config": {"lora_target_modules": ["attn_q"], "max_lora_rank": 8}}))
+    try:
+        with pytest.raises(ValueError, match="mlp_4h_to_h"):
+            narrow.generate_async(PROMPT, lora_request=stand_in.LoRARequest("alpha", 1, str(tmp_path / "alpha")))
+    finally:
+        narrow.shutdown()
 
 
 def test_guided_decoding_gives_json(llm):

@@ -16,17 +16,10 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from bls.errors import InvalidRequest
 from embedded_engine.lora import LoraCache, LoraLayout, adapter_from_tensors, prefetch
 from embedded_engine.lora_layers import install_lora
+from embedded_engine.peft_lora import AdapterError, adapter_modules, complete_modules, convert_peft_adapter
 from embedded_engine.request import EngineLimits, parse_generation_requests
 from embedded_engine.scheduler import Engine, HFModelRunner
-from engine_build.lora import (
-    AdapterError,
-    adapter_modules,
-    adapter_table,
-    complete_modules,
-    convert_lora_dir,
-    convert_peft_adapter,
-    write_prefetch_dir,
-)
+from engine_build.lora import adapter_table, convert_lora_dir, write_prefetch_dir
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 VOCAB = 256

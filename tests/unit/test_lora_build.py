@@ -175,7 +175,8 @@ def test_the_gpu_dry_run_refuses_adapters_above_the_maximum_rank(lora_dir, tmp_p
 
 def test_convert_lora_writes_the_files_nvidias_client_sends(lora_dir, tmp_path):
     from embedded_engine.lora import LoraLayout
-    from engine_build.lora import base_llama_config, convert_peft_adapter
+    from embedded_engine.peft_lora import convert_peft_adapter
+    from engine_build.lora import base_llama_config
 
     cli.main(["convert-lora", "--adapter", str(lora_dir / "beta"), "--base", str(ASSETS / "tiny-target-awq"),
               "--task-id", "9", "--out", str(tmp_path / "beta")])

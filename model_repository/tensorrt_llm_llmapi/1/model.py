@@ -59,6 +59,7 @@ class TritonPythonModel:
                              f"transaction policy {self._decoupled}: they must agree")
         self._tokenizer = TokenizerBundle.from_dir(llm_config.tokenizer_dir)
         self._max_seq_len = llm_config.max_seq_len()
+        self._lora_adapters = llm_config.lora_adapters()
         self._metrics = Metrics()
         self._llm_metrics = LlmApiMetrics(self._metrics, self._name, args["model_version"])
         self._runner = LlmRunner(api, llm_config, self._tokenizer, on_stats=self._llm_metrics.on_stats,
@@ -96,7 +97,7 @@ class TritonPythonModel:
                 sender.finish()
                 return
             llm_requests = map_request(inputs, self._tokenizer, self._tokenizer.vocab_size, self._max_seq_len,
-                                       self._exclude_input)
+                                       self._exclude_input, self._lora_adapters)
             if not self._decoupled:
                 if any(r.streaming for r in llm_requests):
                     raise InvalidRequest("streaming", "needs the model deployed with a decoupled transaction policy")
