@@ -88,17 +88,18 @@ class LLM:
             except TypeError as error:
                 raise ValueError(f"LLM argument lora_config: {error}") from None
         check_supported(args)
-        if skip_tokenizer_init:
-            raise ValueError("LLM argument skip_tokenizer_init: the stand-in needs the tokenizer (end_id, stops)")
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
+        # Every argument is checked before anything loads, as upstream's TorchLlmArgs validates at construction.
         speculative = args.get("speculative_config")
         if isinstance(speculative, dict):
             speculative = decoding_config_from_dict(speculative)
         if speculative is not None and not isinstance(speculative, NGramDecodingConfig):
             raise ValueError(f"LLM argument speculative_config: {type(speculative).__name__} is not supported by the "
                              "stand-in (NGram only)")
+        if skip_tokenizer_init:
+            raise ValueError("LLM argument skip_tokenizer_init: the stand-in needs the tokenizer (end_id, stops)")
+        from transformers import AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(str(tokenizer or model))
         kv_cache = args.get("kv_cache_config") or {}
         reuse = kv_cache.get("enable_block_reuse", True) if isinstance(kv_cache, dict) else kv_cache.enable_block_reuse
         self._return_perf_metrics = bool(args.get("return_perf_metrics"))
