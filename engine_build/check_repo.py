@@ -538,7 +538,7 @@ def _check_llmapi_model(model: Model, manifest: dict, report: Report) -> None:
     against config.pbtxt, the `llm` it runs against repository.json, and the folders its paths name: the checkpoint
     (ModelOpt's Hugging Face export: config.json, hf_quant_config.json, weights), the speculative model, the LoRA
     adapters. Paths are relative to tensorrt_llm/1/ (the model resolves them there)."""
-    from engine_build.llmapi_flow import LLM_STAND_IN, LLM_TENSORRT_LLM, QUANT_SUPPORT
+    from engine_build.llmapi_yaml import LLM_STAND_IN, LLM_TENSORRT_LLM, QUANT_SUPPORT
     from engine_build.upstream_llm_args import llm_args_problems
 
     name, version_dir = model.name, model.directory / "1"

@@ -11,13 +11,12 @@ Stages (each runnable alone):
 from __future__ import annotations
 
 import argparse
-import hashlib
-import json
 import re
 import sys
 import time
 from pathlib import Path
 
+from engine_build.assets import build_default_assets, stage
 from engine_build.gpu_plan import PROFILES, Profile, profile_with
 from engine_build.render import parse_model_config
 from engine_build.repository import RepositorySettings, assemble_repository, read_manifest
@@ -26,48 +25,6 @@ from engine_build.trtllm_flow import build_trtllm_repository
 
 # The tensorrt_llm parameters that hold absolute paths into the repository (where it is served).
 RELOCATED_PARAMETERS = ("gpt_model_path", "xgrammar_tokenizer_info_path", "lora_prefetch_dir")
-ASSET_SOURCES = ("assets/tokenizer.py", "assets/tiny_models.py", "quantize.py", "data/calibration.txt")
-
-
-def _stage(message: str) -> None:
-    print(f"[engine_build {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def _assets_fingerprint(seed: int) -> str:
-    digest = hashlib.sha256(str(seed).encode())
-    here = Path(__file__).parent
-    for name in ASSET_SOURCES:
-        digest.update((here / name).read_bytes())
-    return digest.hexdigest()[:16]
-
-
-def build_default_assets(assets: Path, seed: int = 0) -> dict[str, Path]:
-    """Tokenizer, tiny target + draft (HF, fp32) and their AWQ checkpoints; reused while up to date."""
-    from engine_build.assets.tiny_models import write_tiny_models
-    from engine_build.assets.tokenizer import write_llama3_tokenizer
-    from engine_build.quantize import quantize_awq
-
-    paths = {
-        "tokenizer": assets / "tokenizer",
-        "target_hf": assets / "tiny-target-hf",
-        "draft_hf": assets / "tiny-draft-hf",
-        "target_awq": assets / "tiny-target-awq",
-        "draft_awq": assets / "tiny-draft-awq",
-    }
-    stamp = assets / "assets.json"
-    fingerprint = _assets_fingerprint(seed)
-    if stamp.is_file() and json.loads(stamp.read_text()).get("fingerprint") == fingerprint:
-        _stage(f"default assets in {assets} are up to date")
-        return paths
-    _stage("converting the Llama 3 tokenizer from llama-models")
-    write_llama3_tokenizer(paths["tokenizer"])
-    _stage("writing the tiny Llama-3-architecture target and draft models")
-    write_tiny_models(paths["target_hf"], paths["draft_hf"], paths["tokenizer"], seed=seed)
-    for name in ("target", "draft"):
-        _stage(f"AWQ int4 quantization of the tiny {name} (nvidia-modelopt)")
-        quantize_awq(paths[f"{name}_hf"], paths[f"{name}_awq"])
-    stamp.write_text(json.dumps({"fingerprint": fingerprint, "seed": seed}) + "\n")
-    return paths
 
 
 def cmd_assets(args) -> None:
@@ -120,7 +77,7 @@ def cmd_assemble(args) -> None:
         **bls_settings(args), **text_instance_settings(args), **lora_settings(args),
     )
     out = assemble_repository(args.repo, settings)
-    _stage(f"model repository ready: {out}")
+    stage(f"model repository ready: {out}")
 
 
 def cmd_repo(args) -> None:
@@ -130,7 +87,7 @@ def cmd_repo(args) -> None:
         if args.hf_model:
             tokenizer, target, draft = args.hf_model, args.hf_model, args.draft_hf_model
             if args.quantize:
-                _stage(f"AWQ int4 quantization of {args.hf_model} on CPU (slow for large models)")
+                stage(f"AWQ int4 quantization of {args.hf_model} on CPU (slow for large models)")
                 from engine_build.quantize import quantize_awq
 
                 target = quantize_awq(args.hf_model, assets / "target-awq")
@@ -144,14 +101,14 @@ def cmd_repo(args) -> None:
     if args.engine == "llmapi":  # TensorRT-LLM's LLM API (PyTorch backend), or its CPU stand-in without HF_MODEL
         from engine_build.llmapi_flow import build_llmapi_repository
 
-        build_llmapi_repository(args, _stage)
+        build_llmapi_repository(args, stage)
         return
 
     # ENGINE=trtllm: the GPU flow, TensorRT-LLM 1.2.x (DRY_RUN=1: the plan, the configs and the commands only).
     if not args.hf_model:
         raise SystemExit("ENGINE=trtllm needs HF_MODEL=/path/to/a Llama 3 HF checkpoint")
 
-    build_trtllm_repository(args, _stage)
+    build_trtllm_repository(args, stage)
 
 
 def cmd_dist(args) -> None:
@@ -167,10 +124,10 @@ def cmd_dist(args) -> None:
             verify_model_files(repo / model / "1")
     args.out.mkdir(parents=True, exist_ok=True)
     tarball = args.out / f"{repo.name}-{manifest['engine']}-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz"
-    _stage(f"packing {repo} ({len(manifest['files'])} files) into {tarball}")
+    stage(f"packing {repo} ({len(manifest['files'])} files) into {tarball}")
     with tarfile.open(tarball, "w:gz") as archive:
         archive.add(repo, arcname=repo.name, filter=lambda info: None if "__pycache__" in info.name else info)
-    _stage(f"{tarball}: unpack anywhere (or copy to a volume / object store) and serve it with tritonserver "
+    stage(f"{tarball}: unpack anywhere (or copy to a volume / object store) and serve it with tritonserver "
            f"--model-repository=<path>/{repo.name}")
 
 
@@ -195,7 +152,7 @@ def cmd_relocate(args) -> None:
                           lambda m, target=serve_path / model / "1": f"{m.group(1)}{target}{m.group(3)}", text)
         parse_model_config(text, str(config))
         config.write_text(text)
-        _stage(f"{model}: {', '.join(RELOCATED_PARAMETERS)} under {serve_path / model / '1'}")
+        stage(f"{model}: {', '.join(RELOCATED_PARAMETERS)} under {serve_path / model / '1'}")
 
 
 def cmd_convert_lora(args) -> None:
@@ -227,7 +184,7 @@ def cmd_convert_lora(args) -> None:
 
     np.save(args.out / PREFETCH_WEIGHTS, adapter.weights, allow_pickle=False)
     np.save(args.out / PREFETCH_CONFIG, adapter.config, allow_pickle=False)
-    _stage(f"{args.adapter.name}: rank {adapter.rank}, modules {' '.join(adapter.modules)}, "
+    stage(f"{args.adapter.name}: rank {adapter.rank}, modules {' '.join(adapter.modules)}, "
            f"{adapter.config.shape[1]} rows -> {args.out} (send with lora_task_id {args.task_id})")
 
 

@@ -34,28 +34,18 @@ from engine_build.gpu_plan import (
     profile_with,
     visible_gpu_count,
 )
-from engine_build.quantize import MODELOPT_ALGORITHMS
+from engine_build.llmapi_yaml import (
+    LLM_STAND_IN,
+    LLM_TENSORRT_LLM,
+    QUANT_SUPPORT,
+)
 from engine_build.repository import RepositoryError, RepositorySettings, assemble_repository
 from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
 from engine_build.trtllm_flow import PROJECT_ROOT, Command
 
-# The parameter `llm` of tensorrt_llm's config.pbtxt and repository.json: which LLM class the model runs.
-LLM_TENSORRT_LLM = "tensorrt_llm"  # TensorRT-LLM's own LLM (the GPU build); never falls back to the stand-in
-LLM_STAND_IN = "stand_in"  # the embedded engine behind the LLM API's surface (the CPU build)
 TINY_EXPORT = "tiny-target-modelopt-hf"  # under the assets folder: the stand-in's checkpoint
 TARGET_EXPORT = "target-modelopt-hf"  # under the assets folder: HF_MODEL's export
 
-# Which quantizations the PyTorch flow's Llama model loads on which GPUs, by compute capability [low, high):
-# NVIDIA/TensorRT-LLM docs/source/features/quantization.md (read at 09d4c79; the same table at f53fb4c) "Hardware
-# Support Matrix": W4A16 AWQ on Hopper, Ada Lovelace and Ampere, not on Blackwell (sm100/103, sm120); FP8 per tensor on
-# Blackwell sm120 and sm100/103, Hopper and Ada, not on Ampere; FP8 KV cache on all five. Its model matrix gives the
-# LLaMA row (LlamaForCausalLM, which Llama 3 checkpoints are) FP8 per tensor and W4A16 AWQ. _torch/modules/linear.py
-# @ed53795 get_quant_method has the W4A16_AWQ and FP8 QDQ linear methods (llmapi-1.2.md section 5). Ampere is
-# 8.0-8.7, Ada 8.9, Hopper 9.0, Blackwell 10.x and 12.x.
-QUANT_SUPPORT: dict[str, tuple[str, tuple[int, int], tuple[int, int] | None, str]] = {
-    "awq": (MODELOPT_ALGORITHMS["awq"], (8, 0), (10, 0), "Ampere, Ada and Hopper (not Blackwell: use QUANT=fp8 there)"),
-    "fp8": (MODELOPT_ALGORITHMS["fp8"], (8, 9), None, "Ada, Hopper and Blackwell (compute capability 8.9 and up)"),
-}
 # Quantizations users ask for that this build does not produce, and why (refused by name).
 QUANT_REFUSED = {
     "gptq": "1.2.x's PyTorch linear layers have no GPTQ method (_torch/modules/linear.py get_quant_method), and "
@@ -81,10 +71,6 @@ NGRAM_MATCH_SIZE = 2
 # EAGLE-3 on 1.2.x: one-model (the drafter a submodule of the target) is EagleDecodingConfig's default
 # (eagle3_one_model: Optional[bool] = True, A), written explicitly.
 EAGLE3_ONE_MODEL = True
-CANCELLATION_CHECK_PERIOD_MS = 100  # NVIDIA's model.py default (triton_config.cancellation_check_period_ms)
-VERSION_DIR_NOTE = ("Paths (model, tokenizer, speculative_config.speculative_model_dir, lora_config.lora_dir) are "
-                    "relative to this file's folder, tensorrt_llm/1/: the tensorrt_llm model resolves them, so the "
-                    "repository can be moved or copied as a whole.")
 
 
 def parse_gpu_arch(value: str) -> tuple[int, int]:
@@ -432,7 +418,7 @@ def check_llmapi_environment(log) -> None:
 def _build_stand_in(args, log) -> Path:
     """The CPU build: the tiny default model's ModelOpt export behind the LLM API's surface (the stand-in)."""
     from embedded_engine.settings import DEFAULT_MAX_ACTIVE_REQUESTS
-    from engine_build.cli import build_default_assets
+    from engine_build.assets import build_default_assets
 
     if args.dry_run:
         raise SystemExit("DRY_RUN=1 plans a GPU build: give HF_MODEL=<the Llama 3 checkpoint>")

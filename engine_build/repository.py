@@ -560,8 +560,14 @@ def _write_llmapi_model(out: Path, settings: RepositorySettings, adapters: list[
     the LoRA adapters' PEFT folders where model.yaml's lora_config names them (checked against the base by
     _convert_adapters), and model.yaml, whose triton_config repeats the config's batch size and transaction policy
     (NVIDIA's launch_triton_server.py disables auto-complete, so config.pbtxt is what Triton applies)."""
-    from engine_build.llmapi_flow import CANCELLATION_CHECK_PERIOD_MS, LLM_STAND_IN, LLM_TENSORRT_LLM, VERSION_DIR_NOTE
-    from engine_build.llmapi_yaml import MODEL_YAML, model_yaml_text
+    from engine_build.llmapi_yaml import (
+        CANCELLATION_CHECK_PERIOD_MS,
+        LLM_STAND_IN,
+        LLM_TENSORRT_LLM,
+        MODEL_YAML,
+        VERSION_DIR_NOTE,
+        model_yaml_text,
+    )
 
     if settings.llm not in (LLM_TENSORRT_LLM, LLM_STAND_IN) or settings.llm_args is None:
         raise RepositoryError(f"ENGINE=llmapi needs llm ({LLM_TENSORRT_LLM} or {LLM_STAND_IN}) and its LLM() "
