@@ -315,7 +315,7 @@ def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:
 
 
 def _bls_admission(settings: RepositorySettings, relayed: bool) -> str:
-    """How many requests the BLS takes (config text). Relayed: its own pool (bls.request_pool); a decoupled
+    """How many requests the BLS takes (config text). Relayed: its own pool (bls.relay.admission); a decoupled
     model's requests leave Triton's queue as soon as `execute` returns. In-process: Triton's queue, one request
     per `execute` (preferred_batch_size 1: an instance serves one request at a time, a batch would wait behind
     its first request), the rest refused once max_queue_size wait."""
