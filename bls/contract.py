@@ -15,6 +15,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, replace
 
+# The names of the repository's models, defined here, where every layer can import them: the models themselves
+# (bls/ is vendored into each Python model), the OpenAI API, and engine_build/topology.py, which says which
+# models a request goes through and re-exports these names to the build.
+TARGET_MODEL = "tensorrt_llm"
+DRAFT_MODEL = "tensorrt_llm_draft"
+BLS_MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay
+BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
+HANDOFF_MODEL = "tensorrt_llm_handoff"  # the ensemble's engine step in a streaming repository (relay/handoff.h)
+
 
 @dataclass(frozen=True)
 class TensorSpec:
@@ -371,7 +380,6 @@ TENSORRT_LLM_BLS = ModelContract(
 # carry it from its first token that is part of a character on (relay/handoff.cc NeedsTextState says why not only
 # around split characters); the engine's outputs stay exactly as the engine sent them.
 # ----------------------------------------------------------------------------------------------------
-HANDOFF_MODEL = "tensorrt_llm_handoff"
 # handoff output -> postprocessing input. One tensor, and only where it may be needed (relay/handoff.cc
 # NeedsTextState), since every tensor the ensemble carries costs tritonserver CPU at every streamed token; a response
 # without it is decoded alone (Triton's ensemble leaves an output a response does not send out of the next step's
@@ -406,7 +414,7 @@ CONTRACTS: dict[str, ModelContract] = {
     "preprocessing": PREPROCESSING,
     "postprocessing": POSTPROCESSING,
     "ensemble": ENSEMBLE,
-    "tensorrt_llm_bls": TENSORRT_LLM_BLS,
+    BLS_MODEL: TENSORRT_LLM_BLS,
 }
 
 # ----------------------------------------------------------------------------------------------------

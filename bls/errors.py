@@ -63,8 +63,9 @@ def asks_to_retry(message: str) -> bool:
 
 
 class GenerationCancelled(Exception):
-    """An engine stream was cancelled because its client went away (bls.relay_engine.RelayedEngineStreams.cancel):
-    the generation stops its engine and ends with finish_reason "cancelled"; never an error for anyone."""
+    """An engine stream was cancelled because its client went away
+    (bls.relay.engine_streams.RelayedEngineStreams.cancel): the generation stops its engine and ends with
+    finish_reason "cancelled"; never an error for anyone."""
 
 
 class ModelStepError(RuntimeError):

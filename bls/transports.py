@@ -2,12 +2,12 @@
 (engine_build/topology.py), chosen once when the model loads (its `transport` parameter, written by `make repo`).
 
 - RelayTransport (streaming repositories): clients call the C++ model tensorrt_llm_bls, which forwards each request
-  to this Python model. Requests run on worker threads (bounded admission: bls.request_pool), their responses go back
-  to the relay as frames (bls.response_loop sends them, merging what waits), engine streams go through the relay
-  (bls.relay_engine); one-response calls (preprocessing, postprocessing) are in-process `exec`. Cancellation, one
-  way: the relay sees the client leave and tells the connection that claimed the stream, which cancels the
-  request's sink; the request's engine calls are then cancelled through the relay (Triton's request cancellation,
-  which the tensorrtllm backend and the embedded engine both poll).
+  to this Python model. Requests run on worker threads (bounded admission: bls.relay.admission), their responses go back
+  to the relay as frames (bls.relay.sending sends them, merging what waits), engine streams go through the relay
+  (bls.relay.engine_streams); one-response calls (preprocessing, postprocessing) are in-process `exec`.
+  Cancellation, one way: the relay sees the client leave and tells the connection that claimed the stream, which
+  cancels the request's sink; the request's engine calls are then cancelled through the relay (Triton's request
+  cancellation, which the tensorrtllm backend and the embedded engine both poll).
 - InProcessTransport (unary repositories, DECOUPLED=false): this model is tensorrt_llm_bls itself, a plain
   Python-backend model as NVIDIA's BLS is: each request is served to its end on the thread that called `execute`,
   every model call one `exec` with one response, the response one stub send. A unary request is not cancelled
@@ -32,10 +32,11 @@ import numpy as np
 
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest
-from bls.relay import RelayConnection, RelayConnections, RelayedRequest
-from bls.relay_engine import RelayedEngineStreams
-from bls.request_pool import RequestPool
-from bls.response_loop import Merge, ResponseLoop
+from bls.relay.admission import RequestPool
+from bls.relay.connection import RelayConnection, RelayConnections
+from bls.relay.engine_streams import RelayedEngineStreams
+from bls.relay.frames import RelayedRequest
+from bls.relay.sending import Merge, ResponseLoop
 from bls.triton_io.children import InProcessModels
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.requests import read_inputs, request_parameters
@@ -48,7 +49,7 @@ log = logging.getLogger(__name__)
 # time.monotonic() when Triton handed the request over.
 Serve = Callable[[Tensors, str, Any, float], None]
 
-# Threads that send what the relay transport's other threads queue (bls.response_loop); the connection's reader
+# Threads that send what the relay transport's other threads queue (bls.relay.sending); the connection's reader
 # thread sends what each read of engine responses queued itself.
 SENDING_THREADS = 4
 
@@ -165,7 +166,7 @@ class RelayTransport:
             return self._connection
 
     def _send_waiting(self) -> None:
-        """What a read of engine responses queued goes out, its frames to the relay in one write (bls.relay)."""
+        """What a read of engine responses queued goes out, its frames to the relay in one write (RelayConnection)."""
         with self.relays.corked():
             self.responses.send_waiting()
 

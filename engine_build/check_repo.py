@@ -29,7 +29,7 @@ from bls.model_parameters import parse_bool
 from engine_build.container_python import why_not_importable
 from engine_build.pbtxt import PbtxtError, first, parameters, parse_pbtxt
 from engine_build.token_text_classes import token_text_classes_for
-from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, LLMAPI_TEMPLATE, TOPOLOGIES
+from engine_build.topology import BLS_MODEL, BLS_PYTHON_MODEL, HANDOFF_MODEL, LLMAPI_TEMPLATE, TOPOLOGIES
 from engine_build.upstream_parameters import (
     PARAMETER_READS,
     PYTHON_BACKEND_PARAMETER_READS,
@@ -46,8 +46,8 @@ BACKENDS = ("python", "tensorrtllm", RELAY_BACKEND)
 CONTRACT_OF = {
     "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "tensorrt_llm_python": "tensorrt_llm",
     "tensorrt_llm_draft_python": "tensorrt_llm", "preprocessing": "preprocessing", "postprocessing": "postprocessing",
-    "ensemble": "ensemble", "tensorrt_llm_bls": "tensorrt_llm_bls", "tensorrt_llm_bls_python": "tensorrt_llm_bls",
-    "tensorrt_llm_handoff": "tensorrt_llm_handoff",  # the engine's tensors plus its own stream-state output
+    "ensemble": "ensemble", BLS_MODEL: BLS_MODEL, BLS_PYTHON_MODEL: BLS_MODEL,
+    HANDOFF_MODEL: HANDOFF_MODEL,  # the engine's tensors plus its own stream-state output
 }
 # Engine models: the ones that may import the engine-only modules (engine_build/container_python.py).
 ENGINE_CONTRACTS = ("tensorrt_llm", LLMAPI_TEMPLATE)

@@ -64,9 +64,10 @@ CHECKPOINT_DIR = "checkpoint"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json",
                    "chat_template.jinja", "tokenizer.model")
 RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says which file does what)
-RELAY_CONFIG = RELAY_DIR / "config.pbtxt"  # the relay model tensorrt_llm_bls, in front of the Python BLS
+# tensorrt_llm_bls as the relay, in front of the Python BLS (whose template is the folder's config.pbtxt).
+RELAY_CONFIG = TEMPLATES / BLS_MODEL / "relay.config.pbtxt"
 # The ensemble's engine step in a streaming repository (engine_build/topology.py): the relay library's second role.
-HANDOFF_CONFIG = RELAY_DIR / "handoff.config.pbtxt"
+HANDOFF_CONFIG = TEMPLATES / HANDOFF_MODEL / "config.pbtxt"
 # The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
 # Beside tools/bench_models/, not in it: that folder is served whole as a repository of its own.
 ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "engine_relay.config.pbtxt"
@@ -315,7 +316,7 @@ def _convert_adapters(settings: RepositorySettings) -> list[ConvertedAdapter]:
 
 
 def _bls_admission(settings: RepositorySettings, relayed: bool) -> str:
-    """How many requests the BLS takes (config text). Relayed: its own pool (bls.request_pool); a decoupled
+    """How many requests the BLS takes (config text). Relayed: its own pool (bls.relay.admission); a decoupled
     model's requests leave Triton's queue as soon as `execute` returns. In-process: Triton's queue, one request
     per `execute` (preferred_batch_size 1: an instance serves one request at a time, a batch would wait behind
     its first request), the rest refused once max_queue_size wait."""

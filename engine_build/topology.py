@@ -16,11 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-TARGET_MODEL = "tensorrt_llm"
-DRAFT_MODEL = "tensorrt_llm_draft"
-BLS_MODEL = "tensorrt_llm_bls"
-BLS_PYTHON_MODEL = "tensorrt_llm_bls_python"  # the Python BLS's name behind the relay (its source: BLS_MODEL's)
-HANDOFF_MODEL = "tensorrt_llm_handoff"  # the ensemble's engine step in a streaming repository (relay/handoff.h)
+# The models' names are bls/contract.py's (the models and the API, which cannot import engine_build, name them too);
+# the build imports them from here, with the topologies they make.
+from bls.contract import BLS_MODEL, BLS_PYTHON_MODEL, DRAFT_MODEL, HANDOFF_MODEL, TARGET_MODEL
+
 # ENGINE=llmapi: TARGET_MODEL is rendered from this template folder (model_repository/), a Python model on
 # TensorRT-LLM's LLM API, and answers to bls/contract.py's contract of this name.
 LLMAPI_TEMPLATE = "tensorrt_llm_llmapi"

@@ -17,9 +17,9 @@ import numpy as np
 import tritonclient.grpc.aio as grpcclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from bls.contract import BLS_MODEL
 from openai_api.errors import ApiError, from_triton
 
-BLS_MODEL = "tensorrt_llm_bls"
 _OUTPUTS = ("text_output", "finish_reason", "num_input_tokens", "num_output_tokens", "output_log_probs")
 
 

@@ -1,6 +1,6 @@
 // The relay's frames: reading what the Python processes write, writing what the relay sends them. The layout is
 // defined once, in relay/frames.md; tests/fixtures/relay_frames/ holds one frame of each kind, which both this
-// code (relay/tests/frames_test.cc) and bls/relay.py are tested against.
+// code (relay/tests/frames_test.cc) and bls/relay/frames.py are tested against.
 //
 // Nothing here calls Triton: it only uses the C API's enums, so the test binary links without tritonserver.
 #pragma once

@@ -1,4 +1,4 @@
-// The handoff: the ensemble's engine step (tensorrt_llm_handoff in a built repository, relay/handoff.config.pbtxt).
+// The handoff: the ensemble's engine step (tensorrt_llm_handoff in a built repository, model_repository/tensorrt_llm_handoff/config.pbtxt).
 //
 // Why: Triton runs an ensemble's scheduling of each response of a step inside the ResponseSend that sends it, on
 // the sender's thread (core's EnsembleContext::ResponseComplete: the response's tensors, the next step's request

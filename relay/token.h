@@ -1,7 +1,7 @@
 // Stream tokens: HMAC-SHA256(key, stream as u64 little-endian), its first kTokenBytes bytes. The key is the relay's
 // (random at load, in the file `key` beside its socket, 0600 in its 0700 directory): the relay hands each stream's
 // token to the Python model with the stream, the claim must present it, and the Python side recomputes it
-// (bls/relay.py) before it claims anything, so that a request sent to the Python model directly with made-up
+// (bls/relay/frames.py) before it claims anything, so that a request sent to the Python model directly with made-up
 // relay parameters is refused there instead of claiming someone else's stream on the process's connection.
 #pragma once
 

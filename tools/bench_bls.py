@@ -7,6 +7,7 @@ per-token CPU stays flat as the output grows, with incremental deltas and with a
 
 from __future__ import annotations
 
+from bls.contract import BLS_MODEL
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
 from tools.bench_common import (
@@ -17,7 +18,7 @@ from tools.bench_common import (
     stream_load,
 )
 
-MODEL = "tensorrt_llm_bls"
+MODEL = BLS_MODEL
 # Different lengths, so that concurrent streams are at different points of the synthetic text.
 PROMPTS = ("Tell me a story.", "Write a poem about the sea, please.", "Résume ce texte 🌊", "def main():")
 STREAM_TOKENS = 256

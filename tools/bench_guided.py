@@ -18,6 +18,7 @@ import uuid
 import torch
 import xgrammar
 
+from bls.contract import BLS_MODEL
 from embedded_engine.guided import GrammarCache, Guide
 from embedded_engine.sampling import SamplingParams, TokenSampler
 from embedded_engine.stopping import WordList
@@ -25,7 +26,7 @@ from testkit.http import HttpSession
 from testkit.stats import median
 from tools.bench_common import BenchContext, Row
 
-MODEL = "tensorrt_llm_bls"
+MODEL = BLS_MODEL
 PROMPT = "Describe a person as JSON."
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 16},

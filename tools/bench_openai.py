@@ -27,6 +27,7 @@ import numpy as np
 import psutil
 import tritonclient.grpc.aio as grpcclient
 
+from bls.contract import BLS_MODEL
 from testkit.openai_api import openai_api
 from testkit.stats import percentile
 from tools.bench_common import BenchContext, Row, Target
@@ -80,7 +81,7 @@ async def _bls_stream(client: grpcclient.InferenceServerClient) -> Trace:
               tensor("seed", np.array([[7]], np.uint64))]
 
     async def requests():
-        yield {"model_name": "tensorrt_llm_bls", "inputs": inputs, "request_id": uuid.uuid4().hex,
+        yield {"model_name": BLS_MODEL, "inputs": inputs, "request_id": uuid.uuid4().hex,
                "outputs": [grpcclient.InferRequestedOutput(n) for n in ("text_output", "finish_reason",
                                                                         "num_output_tokens")]}
 

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import time
 
+from bls.contract import BLS_MODEL
 from testkit.http import HttpSession
 from testkit.processes import cpu_seconds
 from testkit.stats import median
 from tools.bench_common import BenchContext, Row, Target
 
-MODEL = "tensorrt_llm_bls"
+MODEL = BLS_MODEL
 # A chat turn: what an Instruct deployment serves (rendered with the Llama 3 template by preprocessing).
 MESSAGES = json.dumps([{"role": "user", "content": "Tell me a story about a land far away."}])
 MAX_TOKENS = 256

@@ -43,6 +43,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from bls.contract import BLS_MODEL
 from engine_build.repository import relay_include_dir
 from testkit.http import HttpSession
 from testkit.processes import BENCH_ENGINE_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
@@ -54,7 +55,7 @@ from tools.bench_pipeline import engine_body
 STREAM_TOKENS = 256
 BENCH_MODELS = Path(__file__).resolve().parent / "bench_models"  # stub_send (Python) and send_cpp (C++)
 PROMPT = "Tell me a story about a brave little toaster."
-MODELS = ("tensorrt_llm", "ensemble", "tensorrt_llm_bls")
+MODELS = ("tensorrt_llm", "ensemble", BLS_MODEL)
 PACED_STEP_MS = 40.0  # 64 streams x 25 tokens/s = 1,600 tok/s: about half of what the engine hop carries on 2 cores
 PACED_CONCURRENCY = 64
 STREAM_INTERVAL = 4  # the interval rows: `make repo STREAM_INTERVAL=4`
@@ -70,7 +71,7 @@ ENSEMBLE_RATIO_TARGET = {64: Target(">=", 0.6), 256: Target(">=", 0.6)}
 ENSEMBLE_TTFT_TARGET = Target("<=", 150)
 # Not the client's figure: the busiest client process's share of a core during a run (one Python interpreter, threads).
 CLIENT_PROCESS_TARGET = Target("<=", 0.8)
-MODEL_NAMES = {"tensorrt_llm": "engine alone", "tensorrt_llm_bls": "BLS", "ensemble": "ensemble"}
+MODEL_NAMES = {"tensorrt_llm": "engine alone", BLS_MODEL: "BLS", "ensemble": "ensemble"}
 # The ensemble's processes, by the prefix of their names in testkit.processes.cpu_seconds.
 ENSEMBLE_STEPS = (("preprocessing", "preprocessing_"), ("postprocessing", "postprocessing_"))
 
@@ -80,7 +81,7 @@ def _bodies(ctx_server_url: str) -> dict[str, dict]:
     return {
         "tensorrt_llm": engine_body(HttpSession(ctx_server_url), PROMPT, STREAM_TOKENS) | {"streaming": True},
         "ensemble": text,
-        "tensorrt_llm_bls": text,
+        BLS_MODEL: text,
     }
 
 
@@ -108,7 +109,7 @@ def _engine_cpu_us_per_token(run: LoadRun) -> float:
 def _bls_cpu_us_per_token(run: LoadRun) -> float:
     """The BLS's CPU per token: its Python processes (tensorrt_llm_bls_python_* behind the relay) and the relay's
     thread in tritonserver, which sends their responses."""
-    return _cpu_us_per_token(run, "tensorrt_llm_bls") + _cpu_us_per_token(run, RELAY_THREAD)
+    return _cpu_us_per_token(run, BLS_MODEL) + _cpu_us_per_token(run, RELAY_THREAD)
 
 
 # Admission for the largest load: every stream of a run taken on every path (1,024 streams of BLS, ensemble or engine
@@ -248,24 +249,24 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
                 for model in MODELS}
         floor = _tokens_per_s(runs["tensorrt_llm"])
         rows.append(Row(f"{clients:>3} streams: engine alone (floor)", floor, "tok/s"))
-        for model, label in (("tensorrt_llm_bls", "BLS"), ("ensemble", "ensemble")):
+        for model, label in ((BLS_MODEL, "BLS"), ("ensemble", "ensemble")):
             rate = _tokens_per_s(runs[model])
             rows.append(Row(f"{clients:>3} streams: {label}", rate, "tok/s"))
             rows.append(Row(f"{clients:>3} streams: {label} / floor", rate / floor, "x",
-                            RATIO_TARGET.get(clients) if model == "tensorrt_llm_bls" else None))
+                            RATIO_TARGET.get(clients) if model == BLS_MODEL else None))
         rows.append(Row(f"{clients:>3} streams: ensemble / BLS",
-                        _tokens_per_s(runs["ensemble"]) / _tokens_per_s(runs["tensorrt_llm_bls"]), "x",
+                        _tokens_per_s(runs["ensemble"]) / _tokens_per_s(runs[BLS_MODEL]), "x",
                         ENSEMBLE_RATIO_TARGET.get(clients)))
-        # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
+        # The BLS merges text that waits behind other streams' sends (bls.relay.sending): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
         rows.append(Row(f"{clients:>3} streams: BLS responses per token",
-                        _responses_per_token(runs["tensorrt_llm_bls"]), "x"))
+                        _responses_per_token(runs[BLS_MODEL]), "x"))
         rows.append(Row(f"{clients:>3} streams: engine alone first token p50",
                         _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50",
-                        _first_token_p50_ms(runs["tensorrt_llm_bls"]), "ms"))
+                        _first_token_p50_ms(runs[BLS_MODEL]), "ms"))
         rows.append(Row(f"{clients:>3} streams: ensemble first token p50", _first_token_p50_ms(runs["ensemble"]), "ms"))
-        bls = runs["tensorrt_llm_bls"]
+        bls = runs[BLS_MODEL]
         rows.append(Row(f"{clients:>3} streams: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls),
                         "µs", BLS_CPU_TARGET if clients in (16, 64) else None))
         rows.append(Row(f"{clients:>3} streams: CPU per token, of it the relay thread",
@@ -284,15 +285,15 @@ def _interval_rows(ctx: BenchContext) -> list[Row]:
     operator's trade of smoothness for CPU at many streams. Floor measured again in the same server."""
     server = ctx.server(_repo(ctx, "streaming-interval", step_ms=ctx.engine_step_ms, stream_interval=STREAM_INTERVAL))
     bodies = _bodies(server.http_url)
-    for model in ("tensorrt_llm", "tensorrt_llm_bls"):  # warm-up
+    for model in ("tensorrt_llm", BLS_MODEL):  # warm-up
         stream_load(server, model, 1, 1, lambda _i, m=model: bodies[m], processes=ctx.client_processes)
     rows: list[Row] = []
     for clients in INTERVAL_CONCURRENCY:
         rounds = 1 if ctx.quick else 2
         runs = {model: stream_load(server, model, clients, rounds, lambda _i, m=model: bodies[m],
                                    processes=ctx.client_processes)
-                for model in ("tensorrt_llm", "tensorrt_llm_bls")}
-        bls = runs["tensorrt_llm_bls"]
+                for model in ("tensorrt_llm", BLS_MODEL)}
+        bls = runs[BLS_MODEL]
         label = f"{clients:>3} streams, stream_interval {STREAM_INTERVAL}"
         rows.append(Row(f"{label}: BLS / floor", _tokens_per_s(bls) / _tokens_per_s(runs["tensorrt_llm"]), "x"))
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
@@ -316,14 +317,14 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
         runs = {model: stream_load(server, model, streams, 1 if ctx.quick else 2, lambda _i, m=model: bodies[m],
                                    stagger_s=stream_s, processes=ctx.client_processes)
                 for model in MODELS}
-        bls, ensemble = runs["tensorrt_llm_bls"], runs["ensemble"]
+        bls, ensemble = runs[BLS_MODEL], runs["ensemble"]
         ttft_target = TTFT_TARGET if streams == PACED_CONCURRENCY else None
         rows.append(Row(f"{label}: engine alone first token p50", _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
         rows.append(Row(f"{label}: BLS first token p50", _first_token_p50_ms(bls), "ms", ttft_target))
         rows.append(Row(f"{label}: ensemble first token p50", _first_token_p50_ms(ensemble), "ms",
                         ENSEMBLE_TTFT_TARGET if streams == PACED_CONCURRENCY else None))
         # Kept up with the engine: the same tok/s as the engine alone (the staggered starts and the pace set it).
-        for model, name in (("tensorrt_llm", "engine alone"), ("tensorrt_llm_bls", "BLS"), ("ensemble", "ensemble")):
+        for model, name in (("tensorrt_llm", "engine alone"), (BLS_MODEL, "BLS"), ("ensemble", "ensemble")):
             rows.append(Row(f"{label}: {name}", _tokens_per_s(runs[model]), "tok/s"))
         # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token
         # here is the cost of one response per token, with no merging to lower it (the throughput runs merge).

@@ -36,6 +36,8 @@ import threading
 import time
 from pathlib import Path
 
+from bls.contract import BLS_MODEL
+
 PROJECT = Path(__file__).resolve().parents[1]
 STAGE = PROJECT / "build" / "rehearsal"
 README = PROJECT / "README.md"
@@ -299,7 +301,7 @@ def inside() -> int:
         if "DRY_RUN=1" in words:
             plan = Path(next(w.split("=", 1)[1] for w in words if w.startswith("REPO=")))
             check("compiling the relay: clang++" in result.stdout and
-                  (plan / "tensorrt_llm_bls" / "1" / "libtriton_llama3_relay.so").is_file(),
+                  (plan / BLS_MODEL / "1" / "libtriton_llama3_relay.so").is_file(),
                   "the dry run compiled the relay with clang++", failures)
     if server is None:
         failures.append("the README's container block has no `make serve-only`")

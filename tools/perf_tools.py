@@ -31,9 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-MODELS = ("ensemble", "tensorrt_llm_bls")
+from bls.contract import BLS_MODEL
+
+MODELS = ("ensemble", BLS_MODEL)
 # tensorrt_llm_bls ends every stream with a summary response (finish reason, token counts), not a token.
-SUMMARY_RESPONSE_MODELS = {"tensorrt_llm_bls"}
+SUMMARY_RESPONSE_MODELS = {BLS_MODEL}
 NEEDED_LIBRARIES = {"libb64.so.0d": "libb64*.so.0d", "libcudart.so.12": "libcudart*.so.12*"}
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
 

@@ -37,6 +37,7 @@ from pathlib import Path
 
 import yaml
 
+from bls.contract import BLS_MODEL
 from engine_build.repository import variant_repository
 from serving.tritonserver import ServerPorts, TritonServer, answers_200
 
@@ -235,7 +236,7 @@ def main(argv: list[str] | None = None) -> int:
                 values = sorted({round(float(s["value"][1]), 4) for s in series})
                 detail = f"{len(series)} series, values {values[:6]}"
                 results.append((f"dashboard: {title}: {expr[:90]}", bool(series), detail))
-            for model in ("tensorrt_llm_bls", "ensemble"):
+            for model in (BLS_MODEL, "ensemble"):
                 count = prometheus.query(
                     f'sum(increase(llm_e2e_request_latency_seconds_count{{model="{model}"}}[10m]))')
                 n = float(count[0]["value"][1]) if count else 0.0

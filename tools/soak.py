@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bls.contract import BLS_MODEL
 from engine_build.repository import variant_repository
 from serving.tritonserver import TritonServer, http_queue_warning, http_thread_queue_capacity, is_ready
 from testkit.grpc import grpc_stream
@@ -45,7 +46,7 @@ from testkit.metrics import metric_values
 from testkit.processes import find_server_pid, rss_bytes, shm_files, triton_processes
 from testkit.stats import percentile
 
-BLS = "tensorrt_llm_bls"
+BLS = BLS_MODEL
 ENSEMBLE = "ensemble"
 PROMPTS = ("Once upon a time", "Écris un poème sur la mer 🌊", "用中文写一首诗", "def fibonacci(n):",
            "Explain Triton in one line.", "Привет! Как дела?")

@@ -100,7 +100,7 @@ class DraftTargetDecoder:
                 if engine_stopped or hit_stop_word:
                     stats.finish_reason = FinishReason.STOP
                     return stats
-        except GenerationCancelled:  # the client went away mid-round (bls.relay_engine.RelayedEngineStreams.cancel)
+        except GenerationCancelled:  # the client went away mid-round (RelayedEngineStreams.cancel)
             stats.finish_reason = FinishReason.CANCELLED
             return stats
         stats.finish_reason = FinishReason.LENGTH

@@ -3,7 +3,7 @@
 Pure Python over two small interfaces, so it is unit-tested without Triton:
 - `ModelCaller`: calls other models (bls.transports picks the topology's: engine streams through the relay, or
   one-response calls in-process);
-- `ResponseSink`: sends responses and reports client cancellation (bls.transports: `bls.response_loop.QueuedStream`,
+- `ResponseSink`: sends responses and reports client cancellation (bls.transports: `bls.relay.sending.QueuedStream`,
   whose sends return at once and whose responses still waiting to go out absorb later ones, see merge_streamed;
   or one stub send for a unary request).
 
@@ -338,7 +338,7 @@ class TextGenerator:
 
         try:
             # Each response is handled where it is read (for most requests, the thread that reads every engine
-            # stream of this process): nothing in on_tokens blocks, sends only queue (bls.response_loop).
+            # stream of this process): nothing in on_tokens blocks, sends only queue (bls.relay.sending).
             if not self.models.stream_each(self.config.engine_model, inputs, request.engine_outputs, child_id,
                                            on_response):
                 return FinishReason.CANCELLED
@@ -441,7 +441,7 @@ class _TextStreamer:
 
 
 def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensors | None:
-    """Two streamed responses of one stream as one (bls.response_loop merges what waits to be sent): the text
+    """Two streamed responses of one stream as one (bls.relay.sending merges what waits to be sent): the text
     deltas joined (accumulating: the later, whole text), per-token outputs joined along their token axis,
     every other output the later one's (token counts and cumulative values are running totals). None for
     responses of different batch rows, which go apart."""

@@ -7,7 +7,7 @@ only in numpy arrays and dataclasses and are unit-tested without Triton. One mod
 - `requests`: a request's inputs and parameters, a model's config parameters, the shipped-files check at load;
 - `responses`: responses and errors (a Triton error code for every failure, never a traceback);
 - `senders`: where a request's responses go: through the stub (StubSender), or as frames to the relay
-  (RelayedSender, which has a StubSender only to complete the child request);
+  (RelayedSender: bls.relay.sending.FrameSender's frames, with a StubSender only to complete the child request);
 - `children`: one-response calls to other models of the repository (BLS `exec`);
 - `metrics`: custom Prometheus metrics, handed to Triton by one thread.
 """

@@ -2,7 +2,7 @@
 one-response steps of every BLS (preprocessing, postprocessing) and, in a unary repository, the engines.
 
 Streams (exec(decoupled=True)) are never read here: a streaming repository's engine streams go through the relay
-(bls.relay_engine). The Python backend stub deadlocks when one thread returns from exec(decoupled=True) while
+(bls.relay.engine_streams). The Python backend stub deadlocks when one thread returns from exec(decoupled=True) while
 another is woken in a response iterator (python_backend r24.10 to r26.07), and frees a finished iterator without
 the GIL; one-response exec uses neither, so any thread may call infer().
 """

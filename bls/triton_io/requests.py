@@ -13,7 +13,7 @@ import triton_python_backend_utils as pb_utils
 from bls.artifact import verify_model_files
 from bls.contract import ModelContract
 from bls.errors import InvalidRequest
-from bls.relay import RELAY_PARAMETERS
+from bls.relay.frames import RELAY_PARAMETERS
 
 Tensors = dict[str, np.ndarray]
 
@@ -42,7 +42,7 @@ _TRITON_PARAMETERS = ("triton_", "sequence_", "priority", "timeout", "headers", 
 # Parameters that are not misspelt inputs: NVIDIA's inflight_batcher_llm_client.py (v0.14) sends {"Streaming":
 # ...} beside the `streaming` input, which is what decides (the tensorrtllm backend ignores it too); the generate
 # endpoint makes a body's "id" the request id and also passes it on as a parameter (http_server.cc, 2.49+); the
-# relay (bls.relay) says where a relayed request's responses go (it refuses those names from clients).
+# relay (bls.relay.frames) says where a relayed request's responses go (it refuses those names from clients).
 _NOT_INPUTS = frozenset({"Streaming", "id", *RELAY_PARAMETERS})
 
 

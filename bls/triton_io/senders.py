@@ -2,21 +2,22 @@
 would otherwise hang) and survives a client that has gone.
 
 - StubSender: through the Python backend stub's response sender (the embedded engine; a unary BLS, one response).
-- RelayedSender: a request that came through the relay (bls.relay): its responses are frames to the relay, written
-  without PB_LOCK or a round trip to tritonserver. It has a StubSender for the one thing Triton must hear from this
-  process: that the child request is complete, after the final frame.
+- RelayedSender: a request that came through the relay: its responses are frames to the relay (bls.relay.sending
+  FrameSender), written without PB_LOCK or a round trip to tritonserver. It has a StubSender for the one thing
+  Triton must hear from this process: that the child request is complete, after the final frame.
 """
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
 import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from bls.relay import RelayConnection, RelayedRequest, encode_tensors, error_frame, response_frame
+from bls.relay.connection import RelayConnection
+from bls.relay.frames import RelayedRequest
+from bls.relay.sending import FrameSender
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.responses import error_response, error_status, make_response
 
@@ -86,49 +87,11 @@ class StubSender:
             self._sender.send(build_response(), flags=flags)
 
 
-class RelayedSender:
-    """The responses of a relayed request, as frames on its process's relay connection (bls.response_loop sends
-    them). Cancellation is the relay's word, told to the connection that claimed the stream (bls.transports)."""
+class RelayedSender(FrameSender):
+    """The responses of a relayed request, as frames to the relay (bls.relay.sending.FrameSender); its StubSender
+    is for the one thing Triton must hear from this process: that the child request is complete, after the final
+    frame."""
 
     def __init__(self, request: Any, model_name: str, relayed: RelayedRequest, connection: RelayConnection):
-        self._completion = StubSender(request, model_name)  # only finish() is used: the child is complete
-        self._model_name = model_name
-        self._stream = relayed.stream
-        self._connection = connection
-        self._ending = threading.Lock()  # _closed is set once, before the final frame
-        self._closed = False
-
-    @property
-    def closed(self) -> bool:
-        return self._closed
-
-    def build(self, outputs: Mapping[str, np.ndarray]) -> bytes:
-        """The outputs encoded (the relay drops those the client did not ask for)."""
-        return encode_tensors(outputs)
-
-    def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None:
-        self.send_built(self.build(outputs), final)
-
-    def send_built(self, response: bytes, final: bool = False) -> None:
-        """A response built ahead (build()): bls.response_loop builds a round's responses before it sends them."""
-        self._write(response_frame(self._stream, response, final), final)
-
-    def send_error(self, error: BaseException) -> None:
-        code, message = error_status(error, self._model_name)
-        self._write(error_frame(self._stream, int(code), message), final=True)
-
-    def finish(self) -> None:
-        """Close the stream with a final response without outputs (no-op if already closed)."""
-        self.send_built(encode_tensors({}), final=True)
-
-    def _write(self, frame: bytes, final: bool) -> None:
-        with self._ending:
-            if self._closed:
-                return
-            self._closed = final
-        try:
-            self._connection.write(frame, now=final)  # the final frame goes before the child completes
-        finally:
-            if final:  # whatever became of the frame: Triton must see the child end (the relay then ends the stream)
-                self._connection.release(self._stream)
-                self._completion.finish()
+        completion = StubSender(request, model_name)  # only finish() is used: the child is complete
+        super().__init__(relayed.stream, connection, completion.finish, lambda error: error_status(error, model_name))

@@ -1,4 +1,4 @@
-// The relay's frame code against the golden frames (tests/fixtures/relay_frames/, one per kind; bls/relay.py is
+// The relay's frame code against the golden frames (tests/fixtures/relay_frames/, one per kind; bls/relay/frames.py is
 // tested against the same bytes): every kind read as relay/frames.md lays it out, the kinds the relay writes
 // written byte for byte, the stream token as Python's hmac computes it, and hostile input (every truncation,
 // trailing bytes, impossible fields and lengths, random bytes, mutated frames) refused without a crash.

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls.relay import (
+from bls.relay.frames import (
     CLAIM,
     ENGINE_FINAL,
     ENGINE_RESPONSE,

@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 
 import openai_api.app
 from bls.errors import Unavailable
-from bls.request_pool import RequestPool
+from bls.relay.admission import RequestPool
 from openai_api.app import Settings, create_app
 from openai_api.errors import from_triton
 from openai_api.stops import StopStrings

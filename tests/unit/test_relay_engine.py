@@ -1,4 +1,4 @@
-"""bls.relay_engine against the relay's end of a real socket (tests.unit.test_relay_frames._RelayEnd): an engine
+"""bls.relay.engine_streams against the relay's end of a real socket (tests.unit.test_relay_frames._RelayEnd): an engine
 error keeps its Triton code as the one thing that classifies it, and unloading cancels every open engine call in
 the relay, the one way an engine call is stopped."""
 
@@ -10,8 +10,9 @@ import threading
 import pytest
 
 from bls.errors import ErrorCode, GenerationCancelled, ModelStepError
-from bls.relay import ENGINE_ERROR, RelayConnections, engine_cancel_frame
-from bls.relay_engine import RelayedEngineStreams
+from bls.relay.connection import RelayConnections
+from bls.relay.engine_streams import RelayedEngineStreams
+from bls.relay.frames import ENGINE_ERROR, engine_cancel_frame
 from tests.unit.test_relay_frames import _RelayEnd
 
 

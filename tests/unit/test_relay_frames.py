@@ -14,15 +14,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bls.relay import (
+from bls.relay.connection import EngineCallError, RelayConnections, RelayDisconnected
+from bls.relay.frames import (
     CANCELLED,
     ENGINE_ERROR,
     ENGINE_FINAL,
     ENGINE_RESPONSE,
     MAX_FRAME_BYTES,
-    EngineCallError,
-    RelayConnections,
-    RelayDisconnected,
     RelayedRequest,
     claim_frame,
     decode_tensors,

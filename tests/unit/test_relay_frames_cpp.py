@@ -1,6 +1,6 @@
 """The relay's C++ frame code against the golden frames (relay/tests/frames_test.cc: every kind read, the relay's
 own kinds written byte for byte, the stream token, hostile bytes refused), compiled here with AddressSanitizer and
-UBSan so that `make test` (and CI) builds and runs it. bls/relay.py is held to the same frames by
+UBSan so that `make test` (and CI) builds and runs it. bls/relay/frames.py is held to the same frames by
 test_relay_frames.py."""
 
 import subprocess

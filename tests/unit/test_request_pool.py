@@ -1,11 +1,11 @@
-"""bls.request_pool: bounded admission and an unload that answers every request."""
+"""bls.relay.admission: bounded admission and an unload that answers every request."""
 
 from __future__ import annotations
 
 import threading
 
 from bls.errors import Unavailable
-from bls.request_pool import RequestPool
+from bls.relay.admission import RequestPool
 
 
 class Answers:

@@ -1,4 +1,4 @@
-"""bls.response_loop: sending threads, streams merged while they wait, first responses first; a thread that sends
+"""bls.relay.sending: sending threads, streams merged while they wait, first responses first; a thread that sends
 what it queues itself (send_waiting)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from bls.response_loop import ResponseLoop
+from bls.relay.sending import ResponseLoop
 
 
 def text(value: str) -> dict:

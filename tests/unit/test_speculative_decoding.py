@@ -33,7 +33,7 @@ class FakeEngines:
         return target_next(seq)
 
     def stream_each(self, model_name, inputs, outputs, request_id, on_response):
-        """As bls.relay_engine.RelayedEngineStreams: each response to on_response on the caller's thread."""
+        """As bls.relay.engine_streams.RelayedEngineStreams: each response to on_response on the caller's thread."""
         for response in self.stream(model_name, inputs, outputs, request_id):
             if not on_response(response):
                 return False

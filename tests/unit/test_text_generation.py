@@ -36,7 +36,7 @@ class ScriptedModels:
         return self.pre(dict(inputs)) if model_name == "pre" else self.post(dict(inputs))
 
     def stream_each(self, model_name, inputs, outputs, request_id, on_response):
-        """As bls.relay_engine.RelayedEngineStreams: each response to on_response on the caller's thread."""
+        """As bls.relay.engine_streams.RelayedEngineStreams: each response to on_response on the caller's thread."""
         for response in self.stream(model_name, inputs, outputs, request_id):
             if not on_response(response):
                 self.left.append(request_id)

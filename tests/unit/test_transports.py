@@ -8,7 +8,7 @@ import threading
 import numpy as np
 import pytest
 
-from bls.contract import ModelContract, TensorSpec
+from bls.contract import BLS_MODEL, ModelContract, TensorSpec
 from tests.unit.test_triton_io import Request, triton_io  # noqa: F401 - the fixture
 
 CONTRACT = ModelContract(inputs=(TensorSpec("x", "TYPE_INT32", (1,)),), outputs=(TensorSpec("x", "TYPE_INT32", (1,)),))
@@ -60,7 +60,7 @@ def test_in_process_turns_a_failure_into_that_requests_error_and_ends_a_request_
 
 
 def test_the_relay_transport_refuses_a_request_that_did_not_come_through_the_relay(transports):
-    transport = transports.RelayTransport("tensorrt_llm_bls", CONTRACT, workers=1, queued=1,
+    transport = transports.RelayTransport(BLS_MODEL, CONTRACT, workers=1, queued=1,
                                           merge=lambda a, b: None)
     request = Request2({"x": np.array([[1]], np.int32)})
     try:

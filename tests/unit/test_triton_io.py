@@ -168,7 +168,8 @@ def test_the_stream_ends_exactly_once(triton_io):
 def test_a_relayed_stream_finished_without_outputs_ends_with_a_final_frame(triton_io):
     """finish() (the embedded engine's answer to a `stop` request, behind its relay) writes a final frame that only
     closes the stream, then completes the child request: a child completed without one would be a relay error."""
-    from bls.relay import RelayConnections, encode_tensors, response_frame
+    from bls.relay.connection import RelayConnections
+    from bls.relay.frames import encode_tensors, response_frame
     from tests.unit.test_relay_frames import _RelayEnd
 
     relay_end = _RelayEnd()

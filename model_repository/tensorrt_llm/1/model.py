@@ -35,7 +35,8 @@ sys.path.insert(0, str(HERE))
 from bls.contract import TENSORRT_LLM, ModelContract
 from bls.errors import InvalidRequest
 from bls.model_parameters import model_parameters, parse_bool
-from bls.relay import RelayConnections, RelayedRequest
+from bls.relay.connection import RelayConnections
+from bls.relay.frames import RelayedRequest
 from bls.server_watch import exit_with_server
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.metrics import Metrics

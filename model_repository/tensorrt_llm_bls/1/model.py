@@ -19,7 +19,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import bls.text.without_torch  # noqa: F401 - first: before anything imports transformers
-from bls.contract import TENSORRT_LLM_BLS
+from bls.contract import BLS_MODEL, TENSORRT_LLM_BLS
 from bls.generation.generator import (
     BlsConfig,
     GenerationObserver,
@@ -36,7 +36,7 @@ from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.metrics import Metrics
 from bls.triton_io.requests import check_shipped_files
 
-MODEL = "tensorrt_llm_bls"  # what clients call, with or without the relay: the name in logs and metrics
+MODEL = BLS_MODEL  # what clients call, with or without the relay: the name in logs and metrics
 # How long finalize waits for running requests before ending them with an error. Triton calls finalize with
 # requests in flight only when it gives up waiting for them (server shutdown past --exit-timeout-secs): an
 # unload through the repository API waits until every response sender is released.

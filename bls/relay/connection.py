@@ -1,236 +1,37 @@
-"""The Python half of the relay (relay/): a request that reached tensorrt_llm_bls through the relay has its
-responses sent by the relay, inside tritonserver, and not by this process's stub.
-
-The relay forwards the client's request to the Python model with three request parameters: the stream number
-(STREAM_PARAMETER), the path of the Unix socket it listens on (SOCKET_PARAMETER, in a directory of its own, 0700)
-and the stream's token (TOKEN_PARAMETER). The Python model claims the stream on its connection to that socket,
-presenting the token, then writes each response of the request as one frame; the last frame is final (a final
-response or an error), and only then does the Python model complete the child request itself. The frames are
-laid out in relay/frames.md, the one definition both sides are tested against (tests/fixtures/relay_frames/).
-A frame costs a few µs to encode and a share of one write, where a response sent through the stub is a
-synchronous round trip to tritonserver (docs/benchmarks.md has both). The relay tells the claiming connection
-when a stream's client cancels it, so that the model never asks Triton (a round trip each).
-
-The relay closes a connection that sends anything it may not (relay/frames.md, Rules), which ends every stream
-claimed on it. So this side never sends what it cannot vouch for: a request's relay parameters are checked
-before anything is claimed (RelayedRequest.from_parameters: the socket is a relay's, in a directory of this
-user's that nobody else can enter, and the token is the one the relay's key gives the stream; a client that
-calls the Python model directly with made-up parameters is refused there), and frames of a stream that is not
-claimed on the current connection are dropped (RelayConnection.write).
-
-The same connection carries the process's engine calls (RelayEngineCall): the relay sends each as an in-process
-request to the engine and writes its responses back as frames, which the connection's reader thread hands on, a
-burst at a time.
+"""A process's connection to a relay (RelayConnection, one per relay socket: RelayConnections): the streams it
+claimed and their cancellations, the frames it writes (whole, in call order, gathered while corked), and its engine
+calls (RelayEngineCall), whose responses its reader thread hands on, a burst at a time.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import os
 import socket
-import stat
 import struct
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import numpy as np
 
-STREAM_PARAMETER = "llama3_relay_stream"
-SOCKET_PARAMETER = "llama3_relay_socket"
-TOKEN_PARAMETER = "llama3_relay_token"
-RELAY_PARAMETERS = (STREAM_PARAMETER, SOCKET_PARAMETER, TOKEN_PARAMETER)
+from bls.relay.frames import (
+    CANCELLED,
+    ENGINE_ERROR,
+    ENGINE_FINAL,
+    ENGINE_RESPONSE,
+    HEADER,
+    STREAM_KINDS,
+    RelayedRequest,
+    claim_frame,
+    decode_tensors,
+    engine_cancel_frame,
+    engine_request_frame,
+    relay_frames,
+)
 
-# Frame kinds (relay/frames.md says who writes which).
-RESPONSE, FINAL_RESPONSE, ERROR, CLAIM, CANCELLED = 0, 1, 2, 3, 4
-ENGINE_REQUEST, ENGINE_CANCEL, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR = 5, 6, 7, 8, 9
-_STREAM_KINDS = (RESPONSE, FINAL_RESPONSE, ERROR)
-MAX_FRAME_BYTES = 1 << 30  # the length field's limit (relay/frames.h kMaxFrameBytes)
-TOKEN_BYTES = 16
-# The relay's directory: made by mkdtemp with this prefix, holding `socket` and `key` (relay/socket_loop.cc).
-_DIRECTORY_PREFIX = "llama3_relay."
-_SOCKET_NAME = "socket"
-_KEY_NAME = "key"
-_KEY_BYTES = 32
-# TRITONSERVER_DataType by numpy dtype; BYTES (13) for object and bytes arrays.
-_DATATYPES = {
-    np.dtype(np.bool_): 1, np.dtype(np.uint8): 2, np.dtype(np.uint16): 3, np.dtype(np.uint32): 4,
-    np.dtype(np.uint64): 5, np.dtype(np.int8): 6, np.dtype(np.int16): 7, np.dtype(np.int32): 8,
-    np.dtype(np.int64): 9, np.dtype(np.float16): 10, np.dtype(np.float32): 11, np.dtype(np.float64): 12,
-}
-_BYTES = 13
-_NUMPY_TYPES = {code: dtype for dtype, code in _DATATYPES.items()}
-_HEADER = struct.Struct("<IQB")  # the length of the rest, the stream, the kind
-_LENGTH = struct.Struct("<I")
 _RECV_BYTES = 1 << 16
 log = logging.getLogger(__name__)
-_keys: dict[str, bytes] = {}  # relay directory -> its key, read once
-
-
-@dataclass(frozen=True)
-class RelayedRequest:
-    """Where a relayed request's responses go, and the token its claim presents."""
-
-    socket_name: str  # the relay socket's path
-    stream: int
-    token: bytes
-
-    @classmethod
-    def from_parameters(cls, parameters: Mapping[str, object]) -> RelayedRequest | None:
-        """From the request's parameters; None for a request that did not come through the relay, including one
-        whose relay parameters the relay did not write (logged): a socket that is not a relay's, or a token that
-        is not the stream's."""
-        present = [name for name in RELAY_PARAMETERS if name in parameters]
-        if not present:
-            return None
-        try:
-            if len(present) != len(RELAY_PARAMETERS):
-                raise ValueError(f"only {', '.join(present)} of the relay's parameters")
-            path, stream = str(parameters[SOCKET_PARAMETER]), int(parameters[STREAM_PARAMETER])
-            token = bytes.fromhex(str(parameters[TOKEN_PARAMETER]))
-            if not hmac.compare_digest(token, stream_token(relay_key(path), stream)):
-                raise ValueError(f"not the token of stream {stream}")
-        except (ValueError, OSError) as error:
-            log.warning("a request with relay parameters the relay did not write (%s): not relayed", error)
-            return None
-        return cls(path, stream, token)
-
-
-def stream_token(key: bytes, stream: int) -> bytes:
-    """A stream's token: HMAC-SHA256(key, stream as u64 little-endian), its first TOKEN_BYTES (relay/token.h)."""
-    return hmac.new(key, struct.pack("<Q", stream), hashlib.sha256).digest()[:TOKEN_BYTES]
-
-
-def relay_key(socket_path: str) -> bytes:
-    """The key of the relay listening at `socket_path`, read from its directory once. OSError or ValueError when
-    the path is not a relay's socket in a directory that only this user can enter."""
-    directory, name = os.path.split(socket_path)
-    key = _keys.get(directory)
-    if key is not None and name == _SOCKET_NAME:
-        return key
-    if not os.path.isabs(socket_path) or name != _SOCKET_NAME or \
-            not os.path.basename(directory).startswith(_DIRECTORY_PREFIX):
-        raise ValueError(f"{socket_path!r} is not a relay's socket")
-    _check_private(os.lstat(directory), stat.S_ISDIR, directory)
-    descriptor = os.open(os.path.join(directory, _KEY_NAME), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        _check_private(os.fstat(descriptor), stat.S_ISREG, os.path.join(directory, _KEY_NAME))
-        key = os.read(descriptor, _KEY_BYTES + 1)
-    finally:
-        os.close(descriptor)
-    if len(key) != _KEY_BYTES:
-        raise ValueError(f"{directory}: the relay's key is {len(key)} bytes, not {_KEY_BYTES}")
-    _keys[directory] = key
-    return key
-
-
-def _check_private(status: os.stat_result, is_kind: Callable[[int], bool], path: str) -> None:
-    if not is_kind(status.st_mode) or status.st_uid != os.geteuid() or status.st_mode & 0o077:
-        raise ValueError(f"{path} is not this user's alone (mode {stat.filemode(status.st_mode)}, uid "
-                         f"{status.st_uid})")
-
-
-def encode_tensors(outputs: Mapping[str, np.ndarray]) -> bytes:
-    """Tensors (a response's outputs, an engine request's inputs), as a frame carries them."""
-    parts = [struct.pack("<H", len(outputs))]
-    for name, array in outputs.items():
-        array = np.asarray(array)
-        if array.dtype == object or array.dtype.kind == "S":
-            datatype = _BYTES
-            data = b"".join(_LENGTH.pack(len(item)) + item
-                            for item in (e.encode() if isinstance(e, str) else bytes(e) for e in array.flat))
-        else:
-            datatype = _DATATYPES.get(array.dtype)
-            if datatype is None:
-                raise TypeError(f"output {name}: no Triton datatype for numpy {array.dtype}")
-            data = np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        encoded = name.encode()
-        parts.append(struct.pack(f"<H{len(encoded)}sBB{array.ndim}qQ", len(encoded), encoded, datatype, array.ndim,
-                                 *array.shape, len(data)))
-        parts.append(data)
-    return b"".join(parts)
-
-
-def response_frame(stream: int, encoded_outputs: bytes, final: bool) -> bytes:
-    return _HEADER.pack(9 + len(encoded_outputs), stream, FINAL_RESPONSE if final else RESPONSE) + encoded_outputs
-
-
-def error_frame(stream: int, code: int, message: str) -> bytes:
-    body = struct.pack("<I", code) + message.encode()
-    return _HEADER.pack(9 + len(body), stream, ERROR) + body
-
-
-def claim_frame(stream: int, token: bytes) -> bytes:
-    return _HEADER.pack(9 + len(token), stream, CLAIM) + token
-
-
-def engine_request_frame(call: int, model_name: str, request_id: str, outputs: Iterable[str],
-                         inputs: Mapping[str, np.ndarray]) -> bytes:
-    outputs = list(outputs)
-    body = b"".join([_string(model_name), _string(request_id), struct.pack("<H", len(outputs)),
-                     *(_string(name) for name in outputs), encode_tensors(inputs)])
-    return _HEADER.pack(9 + len(body), call, ENGINE_REQUEST) + body
-
-
-def engine_cancel_frame(call: int) -> bytes:
-    return _HEADER.pack(9, call, ENGINE_CANCEL)
-
-
-def _string(text: str) -> bytes:
-    encoded = text.encode()
-    return struct.pack("<H", len(encoded)) + encoded
-
-
-def relay_frames(data: bytes) -> tuple[list[tuple[int, int, memoryview]], bytes]:
-    """The whole frames at the start of `data` (what the relay writes) as (stream, kind, rest of the body), and the
-    bytes after them. ValueError on a kind the relay does not write or an impossible length."""
-    frames = []
-    view = memoryview(data)
-    at = 0
-    while len(data) - at >= _HEADER.size:
-        length, stream, kind = _HEADER.unpack_from(data, at)
-        if kind not in (CANCELLED, ENGINE_RESPONSE, ENGINE_FINAL, ENGINE_ERROR) or not 9 <= length <= MAX_FRAME_BYTES:
-            raise ValueError(f"a frame of kind {kind} and length {length} from the relay")
-        if len(data) - at - 4 < length:
-            break
-        frames.append((stream, kind, view[at + _HEADER.size:at + 4 + length]))
-        at += 4 + length
-    return frames, data[at:]
-
-
-def decode_tensors(body: memoryview) -> dict[str, np.ndarray]:
-    """The tensors of a frame (encode_tensors' layout; BYTES as object arrays of bytes)."""
-    (count,) = struct.unpack_from("<H", body)
-    at = 2
-    tensors = {}
-    for _ in range(count):
-        (name_length,) = struct.unpack_from("<H", body, at)
-        name = bytes(body[at + 2:at + 2 + name_length]).decode()
-        at += 2 + name_length
-        datatype, dims = struct.unpack_from("<BB", body, at)
-        shape = struct.unpack_from(f"<{dims}q", body, at + 2)
-        (length,) = struct.unpack_from("<Q", body, at + 2 + 8 * dims)
-        at += 10 + 8 * dims
-        data = body[at:at + length]
-        at += length
-        if datatype == _BYTES:
-            items, offset = [], 0
-            while offset < length:
-                (size,) = _LENGTH.unpack_from(data, offset)
-                items.append(bytes(data[offset + 4:offset + 4 + size]))
-                offset += 4 + size
-            array = np.empty(len(items), dtype=object)
-            array[:] = items
-        elif datatype in _NUMPY_TYPES:
-            array = np.frombuffer(data, _NUMPY_TYPES[datatype]).copy()
-        else:
-            raise ValueError(f"tensor {name}: Triton datatype {datatype} has no numpy dtype here")
-        tensors[name] = array.reshape(shape)
-    return tensors
 
 
 class RelayDisconnected(ConnectionError):
@@ -382,7 +183,7 @@ class RelayConnection:
         dropped unless the stream is claimed on this connection: its claim went with a connection that broke, and
         the relay, which has ended the stream, would close this one for it."""
         with self._lock:
-            if frame[12] in _STREAM_KINDS and _HEADER.unpack_from(frame)[1] not in self._claims:
+            if frame[12] in STREAM_KINDS and HEADER.unpack_from(frame)[1] not in self._claims:
                 return  # its claim went with a connection that broke: the relay has ended the stream
             self._gathered.append(frame)
             if self._corks and not now:

@@ -1,4 +1,4 @@
-"""The BLS's engine streams through the relay (relay/, bls.relay): the relay transport's half of ModelCaller.
+"""The BLS's engine streams through the relay (relay/, bls.relay.connection): the relay transport's half of ModelCaller.
 
 The relay sends each engine request in-process (TRITONSERVER_ServerInferAsync) and writes every response back
 on this process's connection, where its reader thread hands them on, a burst at a time. Errors keep Triton's
@@ -18,7 +18,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from bls.errors import ErrorCode, GenerationCancelled, ModelStepError
-from bls.relay import EngineCallError, RelayConnection, RelayDisconnected, RelayEngineCall
+from bls.relay.connection import EngineCallError, RelayConnection, RelayDisconnected, RelayEngineCall
 
 Tensors = dict[str, np.ndarray]
 
