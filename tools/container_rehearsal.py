@@ -61,8 +61,10 @@ HF_MODEL = "/models/Meta-Llama-3-8B-Instruct"
 LLMAPI_REPOSITORY = "model_repository_llmapi"
 # The LLM API block is served and tested by the container block's `make test SERVER_URL=...` line, its integration step
 # on these files only (the whole suite already ran against the first server; these exercise tensorrt_llm on the LLM
-# API through every path: NVIDIA's llmapi names and cancellation, the BLS, the ensemble, guided decoding).
-LLMAPI_TESTS = ("tests/integration/test_llmapi.py", "tests/integration/test_bls.py",
+# API through every path: NVIDIA's llmapi names and cancellation, the engine's own contract and metrics, the BLS, the
+# ensemble, guided decoding).
+LLMAPI_TESTS = ("tests/integration/test_llmapi.py", "tests/integration/test_engine.py",
+                "tests/integration/test_metrics.py", "tests/integration/test_bls.py",
                 "tests/integration/test_guided.py")
 # TensorRT-LLM's LLM API where our code imports it (llmapi_engine/llm_api.py load_llm_api): module (a path under
 # tensorrt_llm/, "" for the package) -> the names the stand-in package re-exports there from llmapi_engine.stand_in.
@@ -116,9 +118,10 @@ def _block_commands(readme: Path, what: str, is_block, stand_in_prefixes: tuple[
         if line.startswith("make ") and not line.endswith("\\"):
             commands.append(line.strip())
         elif not (line.startswith(stand_in_prefixes) or line in stand_in_lines):
+            stands_in = f" or stands in for ({', '.join((*stand_in_prefixes, *stand_in_lines)).strip()})" * bool(
+                stand_in_prefixes or stand_in_lines)
             raise SystemExit(f"{readme}: the line {line!r} of the bash block that {what} is none the rehearsal runs (a "
-                             "one-line `make` command) or stands in for (docker run, cd /work): extend the rehearsal "
-                             "first")
+                             f"one-line `make` command){stands_in}: extend the rehearsal first")
     return commands
 
 
@@ -439,7 +442,7 @@ def rehearse_llmapi_block(env: dict[str, str], failures: list[str]) -> None:
         return
     (test,) = [command for command in readme_commands() if command.startswith("make test ")]
     variables = dict(word.split("=", 1) for word in shlex.split(test)[2:])
-    pytest = ["build/venv-test/bin/python", "-m", "pytest", "-q", *LLMAPI_TESTS, "--repo", variables["REPO"],
+    pytest = ["build/venv-test/bin/python", "-m", "pytest", "-q", "-rs", *LLMAPI_TESTS, "--repo", variables["REPO"],
               "--server-url", variables["SERVER_URL"]]
     log(f"$ {test}, its integration step on {len(LLMAPI_TESTS)} files: {shlex.join(pytest)}")
     result = subprocess.run(pytest, env=env)
