@@ -210,6 +210,13 @@ def _profile(args) -> Profile:
 
 
 def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.func(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """`python -m engine_build`'s arguments (the container rehearsal parses a GPU build's with it)."""
     parser = argparse.ArgumentParser(prog="python -m engine_build", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -345,10 +352,7 @@ def main(argv: list[str] | None = None) -> int:
                        help="tensorrt_llm_bls: new tokens per streamed response (default 1: every token; the first "
                             "token always goes at once); larger values cost the BLS less CPU per token")
         p.set_defaults(func=func)
-
-    args = parser.parse_args(argv)
-    args.func(args)
-    return 0
+    return parser
 
 
 if __name__ == "__main__":

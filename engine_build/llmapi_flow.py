@@ -380,10 +380,17 @@ def build_llmapi_repository(args, log) -> Path:
     else:
         check_llmapi_environment(log)  # before an hour of quantization, not after
         _run(gpu_plan.build_commands(), log)
+    return assemble_gpu_repository(args, gpu_plan, log, built=not args.dry_run)
+
+
+def assemble_gpu_repository(args, gpu_plan: LlmapiPlan, log, *, built: bool) -> Path:
+    """The GPU build's repository (`llm: tensorrt_llm`), assembled and checked: its checkpoint is the quantize step's
+    export, gpu_plan.target_export (built=False: a dry run's, without one). The container rehearsal assembles one
+    here from the tiny model's export (tools/container_rehearsal.py)."""
     profile = gpu_plan.profile
     settings = _settings(
         args, llm=LLM_TENSORRT_LLM, target=gpu_plan.target_export, tokenizer=args.hf_model, profile=profile,
-        spec=gpu_plan.spec, built=not args.dry_run,
+        spec=gpu_plan.spec, built=built,
         llm_args=llm_arguments(profile=profile, tp=args.tp, pp=args.pp, kv_cache_dtype=args.kv_cache_dtype,
                                kv_cache_fraction=profile.kv_cache_free_gpu_mem_fraction,
                                guided_decoding=args.guided_decoding, spec=gpu_plan.spec, checkpoint=CHECKPOINT,

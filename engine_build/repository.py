@@ -577,7 +577,9 @@ def _write_llmapi_model(out: Path, settings: RepositorySettings, adapters: list[
     if not (template / "config.pbtxt").is_file() or not (template / "1" / "model.py").is_file():
         raise RepositoryError(f"{template} (config.pbtxt and 1/model.py: the tensorrt_llm model on the LLM API) is "
                               "missing from this checkout")
-    vendored = ("bls", "llmapi_engine") + (("embedded_engine",) if settings.llm == LLM_STAND_IN else ())
+    # embedded_engine whatever the LLM: the model's own code imports it (the contract's response shapes, the C++
+    # backend's metric families, guide parsing), not only the stand-in.
+    vendored = ("bls", "embedded_engine", "llmapi_engine")
     # Its tensors: bls/contract.py's contract of the template's name (the C++ backend's, plus NVIDIA's llmapi names).
     target = _write_model(out, TARGET_MODEL, source_name=LLMAPI_TEMPLATE, contract_name=LLMAPI_TEMPLATE,
                           vendored=vendored, values={

@@ -19,6 +19,12 @@ this checkout built (`make repo`) is copied to build/model_repository, as a buil
 `make serve-only` runs in the background and `make test SERVER_URL=...` from "a second shell"; the test clients'
 venv is made beforehand with the index, by the Makefile's own rule (its first run needs PyPI: docs/container.md).
 
+Then the README's LLM API block, in the same container: the image's TensorRT-LLM is a package named `tensorrt_llm`
+that is NOT TensorRT-LLM but the project's CPU stand-in of its LLM API (install_tensorrt_llm_stand_in); the block's
+GPU build (`make repo ENGINE=llmapi HF_MODEL=...`) is replaced by the repository that build assembles (`llm:
+tensorrt_llm`), of the tiny model (assemble_llmapi_gpu_repository); `make serve-only` runs as written, then the
+container block's `make test SERVER_URL=...`, its integration step on LLMAPI_TESTS.
+
     python -m tools.container_rehearsal            # as root; the whole rehearsal, exit 0 when every step did
 """
 
@@ -32,8 +38,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import sysconfig
 import threading
 import time
+import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 
 from bls.contract import BLS_MODEL
@@ -52,6 +61,29 @@ HOST_LD_LIBRARY_PATH = "/usr/local/nvidia/lib:/usr/local/nvidia/lib64:/usr/local
 IMAGE_PATH = ("/opt/venv-tritonserver/bin:/opt/tritonserver/bin:"
               "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
 HF_MODEL = "/models/Meta-Llama-3-8B-Instruct"
+# What stands in for the LLM API block's GPU build (under the checkout's build/): the repository that build assembles.
+LLMAPI_REPOSITORY = "model_repository_llmapi"
+# The LLM API block is served and tested by the container block's `make test SERVER_URL=...` line, its integration step
+# on these files only (the whole suite already ran against the first server; these exercise tensorrt_llm on the LLM
+# API through every path: NVIDIA's llmapi names and cancellation, the engine's own contract and metrics, the BLS, the
+# ensemble, guided decoding).
+LLMAPI_TESTS = ("tests/integration/test_llmapi.py", "tests/integration/test_engine.py",
+                "tests/integration/test_metrics.py", "tests/integration/test_bls.py",
+                "tests/integration/test_guided.py")
+# TensorRT-LLM's LLM API where our code imports it (llmapi_engine/llm_api.py load_llm_api): module (a path under
+# tensorrt_llm/, "" for the package) -> the names the stand-in package re-exports there from llmapi_engine.stand_in.
+TENSORRT_LLM_API = {
+    "": ("LLM", "SamplingParams"),
+    "sampling_params": ("GuidedDecodingParams", "SamplingParams"),
+    "executor/request": ("LoRARequest",),
+    "llmapi/llm_utils": ("update_llm_args_with_extra_dict",),
+}
+# The stand-in's code, copied privately under tensorrt_llm/_stand_in/ with its imports pointed there: the model's own
+# vendored copies of these packages stay the only ones it imports, as in the image.
+STAND_IN_PACKAGES = ("bls", "embedded_engine", "llmapi_engine")
+STAND_IN_NOTICE = ("THIS IS NOT TensorRT-LLM: `tensorrt_llm` here is the llama3-triton project's CPU stand-in for "
+                   "TensorRT-LLM 1.2.1's LLM API (llmapi_engine/stand_in/, the embedded engine), installed by the "
+                   "container rehearsal (tools/container_rehearsal.py) into its reproduction of the image's venv")
 # Meta-Llama-3-8B-Instruct's config.json (its shape is what the dry run plans for); the tokenizer is ours.
 LLAMA3_8B_CONFIG = {
     "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
@@ -68,25 +100,42 @@ def log(message: str) -> None:
 def readme_commands(readme: Path = README) -> list[str]:
     """The `make` lines of the README's container block (the fenced block that starts the 26.07 image), comments
     stripped."""
-    blocks = re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.S)
-    container = [block for block in blocks if "26.07-trtllm-python-py3" in block]
-    if len(container) != 1:
-        raise SystemExit(f"{readme}: expected one bash block that runs the 26.07 image, found {len(container)}")
-    lines = [line.split("#", 1)[0].rstrip() for line in container[0].splitlines()]
+    return _block_commands(readme, "runs the 26.07 image", lambda block: "26.07-trtllm-python-py3" in block,
+                           stand_in_prefixes=("docker run ", "    nvcr.io/"), stand_in_lines=("cd /work",))
+
+
+def readme_llmapi_commands(readme: Path = README) -> list[str]:
+    """The `make` lines of the README's LLM API block (the fenced block that builds `make repo ENGINE=llmapi`, run in
+    the same container: the README says so), comments stripped."""
+    return _block_commands(readme, "builds ENGINE=llmapi", lambda block: re.search(
+        r"^make repo ENGINE=llmapi ", block, flags=re.M) is not None)
+
+
+def _block_commands(readme: Path, what: str, is_block, stand_in_prefixes: tuple[str, ...] = (),
+                    stand_in_lines: tuple[str, ...] = ()) -> list[str]:
+    blocks = [block for block in re.findall(r"```bash\n(.*?)```", readme.read_text(), flags=re.S) if is_block(block)]
+    if len(blocks) != 1:
+        raise SystemExit(f"{readme}: expected one bash block that {what}, found {len(blocks)}")
+    lines = [line.split("#", 1)[0].rstrip() for line in blocks[0].splitlines()]
     commands = []
     for line in filter(str.strip, lines):
         if line.startswith("make ") and not line.endswith("\\"):
             commands.append(line.strip())
-        elif not (line.startswith(("docker run ", "    nvcr.io/")) or line == "cd /work"):
-            raise SystemExit(f"{readme}: the container block's line {line!r} is none the rehearsal runs (a one-line "
-                             "`make` command) or stands in for (docker run, cd /work): extend the rehearsal first")
+        elif not (line.startswith(stand_in_prefixes) or line in stand_in_lines):
+            stands_in = f" or stands in for ({', '.join((*stand_in_prefixes, *stand_in_lines)).strip()})" * bool(
+                stand_in_prefixes or stand_in_lines)
+            raise SystemExit(f"{readme}: the line {line!r} of the bash block that {what} is none the rehearsal runs (a "
+                             f"one-line `make` command){stands_in}: extend the rehearsal first")
     return commands
 
 
 def is_gpu_build(command: str) -> bool:
+    """`make repo` that needs a GPU and TensorRT-LLM: ENGINE=trtllm, or ENGINE=llmapi of an HF_MODEL (without one it
+    is the CPU stand-in's build); a dry run needs neither."""
     words = shlex.split(command)
-    return words[:2] == ["make", "repo"] and "ENGINE=trtllm" in words and not any(
-        word.startswith("DRY_RUN=") for word in words)
+    if words[:2] != ["make", "repo"] or any(word.startswith("DRY_RUN=") for word in words):
+        return False
+    return "ENGINE=trtllm" in words or ("ENGINE=llmapi" in words and any(w.startswith("HF_MODEL=") for w in words))
 
 
 # ---- on the host: stage, then enter the namespaces -------------------------------------------------------------
@@ -135,6 +184,59 @@ def stage_model(model: Path) -> None:
     (model / "config.json").write_text(json.dumps(LLAMA3_8B_CONFIG, indent=2))
     for file in (PROJECT / "build" / "assets" / "tokenizer").iterdir():
         shutil.copy2(file, model / file.name)
+
+
+def assemble_llmapi_gpu_repository(out: Path) -> Path:
+    """What `make repo ENGINE=llmapi HF_MODEL=...` assembles after its quantize step (`llm: tensorrt_llm`, model.yaml
+    sized for a Hopper GPU of 80 GB: engine_build.llmapi_flow.assemble_gpu_repository), for the tiny default model: its
+    quantize command on the tiny model is the one that made build/assets/tiny-target-modelopt-hf (made here when
+    missing), linked where that step writes its export."""
+    from engine_build.cli import build_parser
+    from engine_build.llmapi_flow import TARGET_EXPORT, assemble_gpu_repository, plan, tiny_modelopt_export
+
+    assets = PROJECT / "build" / "assets"
+    gpu_assets = STAGE / "llmapi-assets"
+    if gpu_assets.exists():
+        shutil.rmtree(gpu_assets)
+    gpu_assets.mkdir(parents=True)
+    (gpu_assets / TARGET_EXPORT).symlink_to(tiny_modelopt_export(assets, log))
+    args = build_parser().parse_args([
+        "repo", "--engine", "llmapi", "--hf-model", str(assets / "tiny-target-hf"), "--gpu-arch", "hopper",
+        "--gpu-mem-gb", "80", "--assets", str(gpu_assets), "--repo", str(out)])
+    return assemble_gpu_repository(args, plan(args), log, built=True)
+
+
+def install_tensorrt_llm_stand_in(site_packages: Path) -> Path:
+    """A package named `tensorrt_llm` in the image venv's site-packages, as the image has TensorRT-LLM there: the
+    modules of TENSORRT_LLM_API, re-exporting the stand-in's LLM API, and saying at import that they are not
+    TensorRT-LLM."""
+    package = site_packages / "tensorrt_llm"
+    if package.exists():
+        shutil.rmtree(package)
+    private = package / "_stand_in"
+    for name in STAND_IN_PACKAGES:
+        shutil.copytree(PROJECT / name, private / name, ignore=shutil.ignore_patterns("__pycache__"))
+    (private / "__init__.py").write_text(f'"""{STAND_IN_NOTICE}: the stand-in\'s own code."""\n')
+    importing = re.compile(r"^(\s*)(from|import) (" + "|".join(STAND_IN_PACKAGES) + r")\b", flags=re.M)
+    for file in private.rglob("*.py"):
+        text = file.read_text()
+        if any(match.group(2) == "import" for match in importing.finditer(text)):
+            raise SystemExit(f"{file}: `import <package>` of the stand-in's packages cannot be redirected; use `from`")
+        file.write_text(importing.sub(r"\1\2 tensorrt_llm._stand_in.\3", text))
+    for module, names in TENSORRT_LLM_API.items():
+        path = package.joinpath(*module.split("/")).with_suffix(".py") if module else package / "__init__.py"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        for folder in path.relative_to(package).parents:  # every package on the way: its __init__.py
+            init = package / folder / "__init__.py"
+            if not init.exists():
+                init.write_text(f'"""{STAND_IN_NOTICE}."""\n')
+        notice = [f'"""{STAND_IN_NOTICE}.', "",
+                  'It runs on the CPU and proves nothing about TensorRT-LLM itself (docs/container.md)."""', ""]
+        if not module:  # the package: said where the server logs it, once per process that imports it
+            notice += ["import sys", "", f"sys.stderr.write({STAND_IN_NOTICE + chr(10)!r})", ""]
+        path.write_text("\n".join([*notice, f"from tensorrt_llm._stand_in.llmapi_engine.stand_in import "
+                                              f"{', '.join(names)}", "", f"__all__ = {list(names)!r}", ""]))
+    return package
 
 
 def gpp_paths() -> list[str]:
@@ -208,6 +310,8 @@ def rehearse() -> int:
     log("staging: the checkout, /opt/tritonserver, the HF config of Llama 3 8B")
     stage_checkout(STAGE / "clone")
     shutil.copytree(repo, STAGE / "clone" / "build" / "model_repository_embedded", symlinks=True)
+    log("in place of the LLM API block's GPU build: the repository it assembles (llm: tensorrt_llm), of the tiny model")
+    assemble_llmapi_gpu_repository(STAGE / "clone" / "build" / LLMAPI_REPOSITORY)
     python_version = subprocess.run([image_python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
                                     check=True, capture_output=True, text=True).stdout.strip()
     stage_tritonserver(STAGE / "opt-tritonserver", wheel_site, python_version)
@@ -250,6 +354,39 @@ def tritonserver_pids() -> list[int]:
     return pids
 
 
+@dataclass
+class ServeOnly:
+    """`make serve-only` running in the background (the first shell), its output passed on and kept."""
+    process: subprocess.Popen
+    lines: list[str]
+
+    @classmethod
+    def start(cls, command: str, env: dict[str, str]) -> ServeOnly:
+        process = subprocess.Popen(shlex.split(command), env=env, start_new_session=True, stdout=subprocess.PIPE,
+                                   stderr=subprocess.STDOUT, text=True)
+        served = cls(process, [])
+        threading.Thread(target=echo_lines, args=(process.stdout, served.lines), daemon=True).start()
+        wait_ready(process)
+        return served
+
+    def ctrl_c(self, what: str, failures: list[str]) -> None:
+        """Ctrl-C in its shell: every process ends, and the stop is clean. make reports the interrupt whatever its
+        recipe did, so serve's own last line (STOPPED_CLEANLY) says how the stop went."""
+        from serving.tritonserver import STOPPED_CLEANLY
+
+        os.killpg(self.process.pid, signal.SIGINT)
+        try:
+            self.process.wait(timeout=120)
+            stopped = True
+        except subprocess.TimeoutExpired:
+            stopped = False
+            os.killpg(self.process.pid, signal.SIGKILL)
+        check(stopped and not tritonserver_pids(),
+              f"Ctrl-C ends {what} (make's exit {self.process.returncode}) and its tritonserver", failures)
+        check(any(STOPPED_CLEANLY in line for line in self.lines),
+              f"{what}: the stop is clean (tritonserver and the API exit 0)", failures)
+
+
 def echo_lines(stream, lines: list[str]) -> None:
     """Pass a process's output on as it comes, keeping its lines."""
     for line in stream:
@@ -265,15 +402,14 @@ def check(condition: bool, what: str, failures: list[str]) -> None:
 
 
 def inside() -> int:
-    from serving.tritonserver import STOPPED_CLEANLY
-
     subprocess.run(["ip", "link", "set", "lo", "up"], check=True)
     env = image_environment()
     failures: list[str] = []
     check(shutil.which("g++", path=env["PATH"]) is None, "no g++ on PATH", failures)
     check(shutil.which("clang++", path=env["PATH"]) is not None, "clang++ on PATH", failures)
+    stand_in = install_tensorrt_llm_stand_in(Path(sysconfig.get_paths()["purelib"]))
+    log(f"the image's TensorRT-LLM: {stand_in}, NOT TensorRT-LLM but the CPU stand-in of its LLM API")
     server = None
-    server_lines: list[str] = []
     for command in readme_commands():
         if is_gpu_build(command):
             log(f"not rehearsable (TensorRT-LLM, a GPU): {command}\n    in its place, the embedded repository this "
@@ -282,10 +418,7 @@ def inside() -> int:
             continue
         log(f"$ {command}")
         if command.startswith("make serve-only"):
-            server = subprocess.Popen(shlex.split(command), env=env, start_new_session=True, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True)
-            threading.Thread(target=echo_lines, args=(server.stdout, server_lines), daemon=True).start()
-            wait_ready(server)
+            server = ServeOnly.start(command, env)
             (pid,) = tritonserver_pids()
             environ = dict(item.split("=", 1) for item in
                            Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0") if "=" in item)
@@ -306,22 +439,47 @@ def inside() -> int:
     if server is None:
         failures.append("the README's container block has no `make serve-only`")
     else:
-        os.killpg(server.pid, signal.SIGINT)  # Ctrl-C in the first shell
-        try:
-            server.wait(timeout=60)
-            stopped = True
-        except subprocess.TimeoutExpired:
-            stopped = False
-            os.killpg(server.pid, signal.SIGKILL)
-        # make reports the interrupt whatever its recipe did: serve's own last line says how the stop went.
-        check(stopped and not tritonserver_pids(),
-              f"Ctrl-C ends make serve-only (make's exit {server.returncode}) and its tritonserver", failures)
-        check(any(STOPPED_CLEANLY in line for line in server_lines),
-              "after the suite, the stop is clean (tritonserver and the API exit 0)", failures)
+        server.ctrl_c("make serve-only, after the suite", failures)
+    rehearse_llmapi_block(env, failures)
     log("PASSED: every README container command did what the README says" if not failures else
         f"FAILED: {len(failures)} step(s): " + "; ".join(failures))
     return 1 if failures else 0
 
+
+def rehearse_llmapi_block(env: dict[str, str], failures: list[str]) -> None:
+    """The README's LLM API block, in the same container after the first server stopped: its GPU build replaced by
+    the repository that build assembles (LLMAPI_REPOSITORY, `llm: tensorrt_llm`), served by TensorRT-LLM's name, the
+    stand-in; `make serve-only` as written; then the container block's `make test SERVER_URL=...`, its integration
+    step on LLMAPI_TESTS; Ctrl-C."""
+    server = None
+    for command in readme_llmapi_commands():
+        if is_gpu_build(command):
+            log(f"not rehearsable (ModelOpt's calibration and TensorRT-LLM's LLM, a GPU): {command}\n    in its place, "
+                "the repository that build assembles, of the tiny model (llm: tensorrt_llm), is copied to "
+                "build/model_repository")
+            shutil.rmtree("build/model_repository")
+            shutil.copytree(f"build/{LLMAPI_REPOSITORY}", "build/model_repository", symlinks=True)
+            continue
+        log(f"$ {command}")
+        if command.startswith("make serve-only"):
+            server = ServeOnly.start(command, env)
+            with urllib.request.urlopen("http://localhost:8000/v2/models/tensorrt_llm/config", timeout=10) as reply:
+                llm = json.loads(reply.read()).get("parameters", {}).get("llm", {}).get("string_value")
+            check(llm == "tensorrt_llm", f"the served tensorrt_llm runs TensorRT-LLM's LLM API (llm: {llm})", failures)
+            continue
+        result = subprocess.run(shlex.split(command), env=env)
+        check(result.returncode == 0, f"`{command}` exits 0 (exit {result.returncode})", failures)
+    if server is None:
+        failures.append("the README's LLM API block has no `make serve-only`")
+        return
+    (test,) = [command for command in readme_commands() if command.startswith("make test ")]
+    variables = dict(word.split("=", 1) for word in shlex.split(test)[2:])
+    pytest = ["build/venv-test/bin/python", "-m", "pytest", "-q", "-rs", *LLMAPI_TESTS, "--repo", variables["REPO"],
+              "--server-url", variables["SERVER_URL"]]
+    log(f"$ {test}, its integration step on {len(LLMAPI_TESTS)} files: {shlex.join(pytest)}")
+    result = subprocess.run(pytest, env=env)
+    check(result.returncode == 0, f"the LLM API repository's tests pass (exit {result.returncode})", failures)
+    server.ctrl_c("the LLM API block's make serve-only", failures)
 
 if __name__ == "__main__":
     sys.exit(inside() if sys.argv[1:] == ["--inside"] else rehearse())

@@ -141,7 +141,11 @@ def test_embedded_engine_exports_the_tensorrtllm_backend_families(endpoint):
     assert _labels_of(after, "nv_trt_llm_runtime_memory_metrics", "memory_type") == {"cpu", "gpu", "pinned"}
 
     engine = dict(model=ENGINE, version="1")
-    max_active = int(endpoint.model_parameter(ENGINE, "max_active_requests") or 16)
+    # The engine's capacity: the embedded engine's max_active_requests; on the LLM API (no such parameter), the LLM's
+    # max_batch_size, which config.pbtxt's max_batch_size repeats (make repo ENGINE=llmapi; check-repo holds them
+    # equal).
+    parameter = endpoint.model_parameter(ENGINE, "max_active_requests")
+    max_active = int(parameter) if parameter is not None else endpoint.model_config(ENGINE)["max_batch_size"]
     assert value(after, "nv_trt_llm_request_metrics", request_type="max", **engine) == max_active
     assert value(after, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="tokens_per", **engine) == 32
     assert delta(before, after, "nv_trt_llm_general_metrics", general_type="iteration_counter", **engine) >= max_tokens

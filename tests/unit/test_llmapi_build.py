@@ -339,10 +339,15 @@ def test_an_llmapi_repository_is_rendered_relocatable_and_passes(project, tmp_pa
     assert check_repository(moved).ok  # no path of the build machine
 
 
-def test_a_tensorrt_llm_repository_ships_no_stand_in(project, tmp_path, tokenizer_dir):
+def test_a_tensorrt_llm_repository_ships_what_its_model_imports(tmp_path, tokenizer_dir):
+    """The project's own template (not the build tests' one): its model imports embedded_engine whatever the LLM
+    (response shapes, metric families, guide parsing), so the GPU build ships it as the CPU build does."""
     repo = _llmapi_repo(tmp_path, tokenizer_dir, llm=LLM_TENSORRT_LLM)
-    assert not (repo / "tensorrt_llm" / "1" / "embedded_engine").exists()
-    assert check_repository(repo).ok
+    version = repo / "tensorrt_llm" / "1"
+    assert {"bls", "llmapi_engine", "embedded_engine", "model.py"} <= {p.name for p in version.iterdir()}
+    assert check_repo.python_import_problems(version, engine_model=True) == []
+    report = check_repository(repo)
+    assert report.ok, report.problems
 
 
 def test_a_dry_run_repository_says_what_it_cannot_check(project, tmp_path, tokenizer_dir):
