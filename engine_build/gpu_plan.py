@@ -263,6 +263,34 @@ class QuantizationMemory:
                 f"(CUDA_VISIBLE_DEVICES), or a bigger GPU; quantize on such a machine and build from its checkpoint")
 
 
+def planned_gpu_memory(gpu_mem_gb: float | None) -> int:
+    """The memory of one GPU to plan for: GPU_MEM_GB, else this machine's GPU; neither is a stop naming the fix."""
+    memory = int(gpu_mem_gb * GiB) if gpu_mem_gb else gpu_memory_bytes()
+    if memory is None:
+        raise SystemExit("no NVIDIA GPU found to size the KV cache for: give the memory of the GPU to plan for, "
+                         "e.g. GPU_MEM_GB=80 (an H100 80GB)")
+    return memory
+
+
+def fitting_memory(target: ModelShape, profile: Profile, memory: int, weight_bytes: int, kv_cache_fraction: float,
+                   kv_cache_dtype: str, tp: int, pp: int) -> tuple[Capacity, QuantizationMemory]:
+    """The KV capacity of TP x PP GPUs and the quantize step's memory, for both flows; a stop, before any work, when
+    not one full-length sequence fits or the quantize step does not. The quantize step holds the whole 16-bit model
+    on the GPUs this machine shows (a dry run: on TP x PP of them)."""
+    capacity = Capacity(
+        gpu_memory_bytes=memory, gpus=tp * pp, weight_bytes=weight_bytes, kv_cache_fraction=kv_cache_fraction,
+        kv_bytes_per_token=target.kv_bytes_per_token(kv_cache_dtype, tp), max_seq_len=profile.max_seq_len,
+        max_batch_size=profile.max_batch_size)
+    if capacity.kv_cache_tokens < profile.max_seq_len:
+        raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
+                         "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
+    quantization = QuantizationMemory(model_bytes=target.checkpoint_bytes(), gpus=visible_gpu_count() or tp * pp,
+                                      gpu_memory_bytes=memory)
+    if not quantization.fits:
+        raise SystemExit(quantization.report())
+    return capacity, quantization
+
+
 def gpu_memory_bytes() -> int | None:
     """Total memory of the first visible NVIDIA GPU (nvidia-smi), None without one."""
     answer = _nvidia_smi("memory.total")

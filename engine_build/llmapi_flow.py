@@ -29,10 +29,10 @@ from engine_build.gpu_plan import (
     ModelShape,
     Profile,
     QuantizationMemory,
+    fitting_memory,
     gpu_compute_capability,
-    gpu_memory_bytes,
+    planned_gpu_memory,
     profile_with,
-    visible_gpu_count,
 )
 from engine_build.llmapi_yaml import (
     LLM_STAND_IN,
@@ -338,26 +338,12 @@ def plan(args) -> LlmapiPlan:
                          "matrix: FP8 KV cache on Ampere, Ada, Hopper and Blackwell)")
     profile = _profile(args)
     target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
-    memory = int(args.gpu_mem_gb * GiB) if args.gpu_mem_gb else gpu_memory_bytes()
-    if memory is None:
-        raise SystemExit("no NVIDIA GPU found to size the KV cache for: give the memory of the GPU to plan for, "
-                         "e.g. GPU_MEM_GB=80 (an H100 80GB)")
+    memory = planned_gpu_memory(args.gpu_mem_gb)
     weights = target.weight_bytes("awq" if quant == "awq" else "none") // (2 if quant == "fp8" else 1)
     if spec.draft_dir is not None:
         weights += ModelShape.from_hf_config(_hf_config(spec.draft_dir, "the draft")).weight_bytes("none")
-    capacity = Capacity(
-        gpu_memory_bytes=memory, gpus=args.tp * args.pp, weight_bytes=weights,
-        kv_cache_fraction=profile.kv_cache_free_gpu_mem_fraction,
-        kv_bytes_per_token=target.kv_bytes_per_token(args.kv_cache_dtype, args.tp), max_seq_len=profile.max_seq_len,
-        max_batch_size=profile.max_batch_size)
-    if capacity.kv_cache_tokens < profile.max_seq_len:
-        raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
-                         "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
-    # The quantize step holds the whole 16-bit model on the GPUs this machine shows (a dry run: on TP x PP of them).
-    quantization = QuantizationMemory(model_bytes=target.checkpoint_bytes(),
-                                      gpus=visible_gpu_count() or args.tp * args.pp, gpu_memory_bytes=memory)
-    if not quantization.fits:
-        raise SystemExit(quantization.report())
+    capacity, quantization = fitting_memory(target, profile, memory, weights, profile.kv_cache_free_gpu_mem_fraction,
+                                            args.kv_cache_dtype, args.tp, args.pp)
     return LlmapiPlan(profile=profile, quant=quant, quant_algo=algo, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,
                       pp=args.pp, capability=capability, capacity=capacity, quantization=quantization,
                       target_hf=args.hf_model, target_export=args.assets / TARGET_EXPORT, spec=spec)

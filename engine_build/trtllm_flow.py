@@ -24,10 +24,10 @@ from engine_build.gpu_plan import (
     Profile,
     QuantizationMemory,
     check_fp8_kv_cache,
+    fitting_memory,
     gpu_compute_capability,
-    gpu_memory_bytes,
+    planned_gpu_memory,
     profile_with,
-    visible_gpu_count,
 )
 from engine_build.repository import RepositorySettings, assemble_repository
 from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
@@ -173,10 +173,7 @@ def plan(args) -> GpuPlan:
     draft = (ModelShape.from_hf_config(_hf_config(args.draft_hf_model, "DRAFT_HF_MODEL"))
              if args.draft_hf_model else None)
 
-    memory = int(args.gpu_mem_gb * GiB) if args.gpu_mem_gb else gpu_memory_bytes()
-    if memory is None:
-        raise SystemExit("no NVIDIA GPU found to size the KV cache for: give the memory of the GPU to plan for, "
-                         "e.g. GPU_MEM_GB=80 (an H100 80GB)")
+    memory = planned_gpu_memory(args.gpu_mem_gb)
     if args.kv_cache_dtype == "fp8":
         capability = gpu_compute_capability()
         problem = check_fp8_kv_cache(capability)
@@ -190,18 +187,8 @@ def plan(args) -> GpuPlan:
     if draft is not None:
         weights += draft.weight_bytes(args.draft_quant)
     fraction = TARGET_KV_FRACTION_WITH_DRAFT if draft else profile.kv_cache_free_gpu_mem_fraction
-    capacity = Capacity(
-        gpu_memory_bytes=memory, gpus=args.tp * args.pp, weight_bytes=weights, kv_cache_fraction=fraction,
-        kv_bytes_per_token=target.kv_bytes_per_token(args.kv_cache_dtype, args.tp), max_seq_len=profile.max_seq_len,
-        max_batch_size=profile.max_batch_size)
-    if capacity.kv_cache_tokens < profile.max_seq_len:
-        raise SystemExit(capacity.report() + "\nnot one full-length sequence fits: use more GPUs (TP=...), a shorter "
-                         "MAX_SEQ_LEN, or KV_CACHE_DTYPE=fp8")
-    # The quantize step runs on the GPUs this machine shows; with none here (a dry run), on the engine's TP x PP.
-    quantization = QuantizationMemory(model_bytes=target.checkpoint_bytes(),
-                                      gpus=visible_gpu_count() or args.tp * args.pp, gpu_memory_bytes=memory)
-    if not quantization.fits:
-        raise SystemExit(quantization.report())
+    capacity, quantization = fitting_memory(target, profile, memory, weights, fraction, args.kv_cache_dtype, args.tp,
+                                            args.pp)
     lora_modules, largest_rank = (), 0
     if args.lora_dir is not None:
         from embedded_engine.peft_lora import AdapterError, adapter_modules

@@ -75,9 +75,9 @@ def test_quantization_memory_spreads_over_the_visible_gpus():
 
 
 def test_a_dry_run_says_before_starting_what_quantization_needs(tmp_path, no_gpu_work, monkeypatch):
-    from engine_build import trtllm_flow
+    from engine_build import gpu_plan
 
-    monkeypatch.setattr(trtllm_flow, "visible_gpu_count", lambda: None)  # none here: the plan uses TP x PP
+    monkeypatch.setattr(gpu_plan, "visible_gpu_count", lambda: None)  # none here: the plan uses TP x PP
     hf = tmp_path / "llama3-70b"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({**LLAMA3_70B, "torch_dtype": "bfloat16"}))
@@ -160,9 +160,9 @@ def test_dry_run_renders_every_config_and_prints_the_commands(tmp_path, capsys, 
 def test_dry_run_without_a_gpu_asks_for_its_memory(tmp_path, no_gpu_work, monkeypatch):
     if not (ASSETS / "tiny-target-hf" / "config.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
-    from engine_build import trtllm_flow
+    from engine_build import gpu_plan
 
-    monkeypatch.setattr(trtllm_flow, "gpu_memory_bytes", lambda: None)
+    monkeypatch.setattr(gpu_plan, "gpu_memory_bytes", lambda: None)
     with pytest.raises(SystemExit, match="GPU_MEM_GB"):
         cli.main(["repo", "--engine", "trtllm", "--hf-model", str(ASSETS / "tiny-target-hf"),
                   "--repo", str(tmp_path / "repo"), "--dry-run"])

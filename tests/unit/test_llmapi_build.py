@@ -558,8 +558,10 @@ def test_a_gpu_build_without_a_gpu_or_tensorrt_llm_stops_before_any_work(tmp_pat
 
 def test_the_quantize_step_must_fit_the_gpus(tmp_path, monkeypatch):
     """Calibration holds the 16-bit model: Llama 3 8B (15 GiB) does not fit one 16 GiB GPU's usable 85 %."""
+    from engine_build import gpu_plan
+
     monkeypatch.setattr(llmapi_flow, "gpu_compute_capability", lambda: None)
-    monkeypatch.setattr(llmapi_flow, "visible_gpu_count", lambda: None)
+    monkeypatch.setattr(gpu_plan, "visible_gpu_count", lambda: None)
     with pytest.raises(SystemExit, match="does NOT fit"):
         llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0))
     assert llmapi_flow.plan(_args(tmp_path, gpu_mem_gb=16.0, tp=2)).quantization.fits
