@@ -115,13 +115,20 @@ bool ChainStopSignals() {
   ours.sa_handler = OnStopSignal;
   sigemptyset(&ours.sa_mask);
   for (int i = 0; i < 2; ++i) {
+    // Installed and the handler it replaces read in one sigaction call: the relay and the handoff are two copies of
+    // this library (each model's own), each with its own chain_mutex, and a read followed by a separate write let
+    // the second copy overwrite the first's handler when both chained at once (the first then never saw the signal).
+    // previous[i] holds what was read above until the call returns what it replaced, so that a signal arriving in
+    // between still reaches Triton.
     previous[i] = current[i];
     ours.sa_flags = current[i].sa_flags;
-    if (sigaction(kStopSignals[i], &ours, nullptr) != 0) {
+    struct sigaction replaced {};
+    if (sigaction(kStopSignals[i], &ours, &replaced) != 0) {
       Log(TRITONSERVER_LOG_ERROR, std::string("cannot watch the server's stop signals: ") + std::strerror(errno));
       for (int j = 0; j < i; ++j) sigaction(kStopSignals[j], &previous[j], nullptr);
       return false;
     }
+    previous[i] = replaced;
   }
   chained = true;
   return true;
