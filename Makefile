@@ -222,6 +222,7 @@ rehearse: repo system-packages
 # Debian packages the tests run (promtool; clang++ with its sanitizer runtime, the 26.07 image's compiler; the
 # distribution's python3 venv and libpython for the rehearsal), each proven by what the tests do with it and installed
 # where it fails, as root (tools/system_packages.py); elsewhere the apt-get command to run is named.
+# Debian 12/13 packages it may install: g++ clang libclang-rt-dev prometheus python3 python3-venv libpythonX.Y iproute2.
 system-packages:
 	$(PYTHON) tools/system_packages.py
 

@@ -41,7 +41,7 @@ from engine_build.llmapi_yaml import (
 )
 from engine_build.repository import RepositoryError, RepositorySettings, assemble_repository
 from engine_build.settings_args import bls_settings, lora_settings, text_instance_settings
-from engine_build.trtllm_flow import PROJECT_ROOT, Command
+from engine_build.trtllm_flow import PROJECT_ROOT, Command, hf_config
 
 TINY_EXPORT = "tiny-target-modelopt-hf"  # under the assets folder: the stand-in's checkpoint
 TARGET_EXPORT = "target-modelopt-hf"  # under the assets folder: HF_MODEL's export
@@ -294,13 +294,6 @@ class LlmapiPlan:
                            llm_spawns_ranks=True))]
 
 
-def _hf_config(path: Path, role: str) -> dict:
-    config = Path(path) / "config.json"
-    if not config.is_file():
-        raise SystemExit(f"{role} {path} has no config.json: not a Hugging Face checkpoint")
-    return json.loads(config.read_text())
-
-
 def _profile(args) -> Profile:
     """The GPU profile (engine_build/gpu_plan.py) with the values given on the command line."""
     return profile_with(
@@ -337,11 +330,11 @@ def plan(args) -> LlmapiPlan:
         raise SystemExit("KV_CACHE_DTYPE=fp8 needs an Ampere GPU or newer (TensorRT-LLM's quantization hardware "
                          "matrix: FP8 KV cache on Ampere, Ada, Hopper and Blackwell)")
     profile = _profile(args)
-    target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
+    target = ModelShape.from_hf_config(hf_config(args.hf_model, "HF_MODEL"))
     memory = planned_gpu_memory(args.gpu_mem_gb)
     weights = target.weight_bytes("awq" if quant == "awq" else "none") // (2 if quant == "fp8" else 1)
     if spec.draft_dir is not None:
-        weights += ModelShape.from_hf_config(_hf_config(spec.draft_dir, "the draft")).weight_bytes("none")
+        weights += ModelShape.from_hf_config(hf_config(spec.draft_dir, "the draft")).weight_bytes("none")
     capacity, quantization = fitting_memory(target, profile, memory, weights, profile.kv_cache_free_gpu_mem_fraction,
                                             args.kv_cache_dtype, args.tp, args.pp)
     return LlmapiPlan(profile=profile, quant=quant, quant_algo=algo, kv_cache_dtype=args.kv_cache_dtype, tp=args.tp,

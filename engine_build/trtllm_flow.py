@@ -154,7 +154,7 @@ class GpuPlan:
         )
 
 
-def _hf_config(path: Path, role: str) -> dict:
+def hf_config(path: Path, role: str) -> dict:
     config = Path(path) / "config.json"
     if not config.is_file():
         raise SystemExit(f"{role} {path} has no config.json: not a Hugging Face checkpoint")
@@ -169,8 +169,8 @@ def plan(args) -> GpuPlan:
         kv_cache_free_gpu_mem_fraction=args.kv_cache_fraction, batch_scheduler_policy=args.batch_scheduler_policy,
         enable_chunked_context=args.enable_chunked_context,
     )
-    target = ModelShape.from_hf_config(_hf_config(args.hf_model, "HF_MODEL"))
-    draft = (ModelShape.from_hf_config(_hf_config(args.draft_hf_model, "DRAFT_HF_MODEL"))
+    target = ModelShape.from_hf_config(hf_config(args.hf_model, "HF_MODEL"))
+    draft = (ModelShape.from_hf_config(hf_config(args.draft_hf_model, "DRAFT_HF_MODEL"))
              if args.draft_hf_model else None)
 
     memory = planned_gpu_memory(args.gpu_mem_gb)

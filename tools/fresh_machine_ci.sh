@@ -21,7 +21,8 @@ RELEASE="${2:-bookworm}"
 COMMAND="${3:-bash .ci/run}"
 PREREQUISITES="python3 python3-venv g++ make git ca-certificates"
 [ "$(id -u)" = 0 ] || { echo "needs root (debootstrap, mount namespaces)"; exit 1; }
-command -v debootstrap >/dev/null || { echo "needs debootstrap: apt-get install debootstrap"; exit 1; }
+command -v debootstrap >/dev/null || DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+    debootstrap >/dev/null
 
 if [ ! -f "$BASE/.prerequisites" ]; then
     rm -rf "$BASE"
