@@ -29,7 +29,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -164,22 +163,43 @@ class Footprint:
                 [path for path in self.relay_directories if os.path.exists(path)])
 
 
-def stop_cleanly(server: TritonServer, footprint: Footprint, how: signal.Signals = signal.SIGTERM) -> float:
+def stop_cleanly(server: TritonServer, footprint: Footprint, how: signal.Signals = signal.SIGTERM, *,
+                 ensemble_in_flight: bool = False) -> bool:
     """Stops tritonserver with `how` (to it alone) and checks the stop was clean: exit status 0, no exit timeout, every
-    model unloaded, nothing left within LEFTOVERS_GONE_WITHIN_S. Returns the seconds it took tritonserver to exit."""
+    model unloaded, nothing left within LEFTOVERS_GONE_WITHIN_S. True where, with `ensemble_in_flight` (ensemble
+    streams were running), Triton 2.51's known ensemble failure kept the stop from being clean (kept_by_core_466);
+    the caller checks what its clients read, then marks the test an expected failure."""
     assert footprint.processes[1:] and footprint.shared_memory, footprint  # relay directories: streaming only
     started = time.monotonic()
     server.process.send_signal(how)
     status = server.process.wait(server.exit_timeout_s + 30)
     took = time.monotonic() - started
     log = server.log_path.read_text(errors="replace")
+    if ensemble_in_flight and status != 0 and kept_by_core_466(log):
+        for directory in footprint.relay_directories:  # the models the exit timeout left loaded left these
+            shutil.rmtree(directory)
+        return True
     assert status == 0, f"tritonserver exited {status} after {took:.1f} s; {server._log_hint()}"
     assert "Exit timeout expired" not in log
     deadline = time.monotonic() + LEFTOVERS_GONE_WITHIN_S
     while left := footprint.left():
         assert time.monotonic() < deadline, f"left after the stop: {left}"
         time.sleep(0.1)
-    return took
+    return False
+
+
+def kept_by_core_466(log: str) -> bool:
+    """Whether a stop that timed out is Triton 2.51's known ensemble failure and nothing else: the server is 2.51 and
+    the stop waited for the ensemble alone. Its ensemble, once a step answers with an error (the handoff's shutdown
+    error, a client gone) while other steps (postprocessing's) are still in flight, drops those steps as they
+    complete and never counts them out, so the request stays in flight (core's ensemble_scheduler.cc, r24.10; fixed
+    by core #466, in r26.02 and later: the 26.07 container has it). On a loaded 2-core host postprocessing lags the
+    engine, so steps are in flight when a stop ends the stream. Any other server, or another model in flight, fails."""
+    version = re.search(r"\| server_version +\| (\S+)", log)  # the table tritonserver logs at start
+    if version is None or version.group(1) != "2.51.0":
+        return False
+    waited_for = set(re.findall(r"Model '([^']+)' \(version \d+\) has \d+ in-flight inferences", log))
+    return waited_for == {"ensemble"}
 
 
 def http_stream(server: TritonServer, model: str, body: dict, started: threading.Event, outcome: dict) -> None:
@@ -196,7 +216,9 @@ def http_stream(server: TritonServer, model: str, body: dict, started: threading
 @pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
 def test_a_stop_ends_the_streams_in_flight_with_an_error_they_read(paced_repo, tmp_path, how):
     """BLS (through the relay) and ensemble (through the handoff) streams of 20 s, over HTTP and gRPC: the stop ends
-    each at once with the shutdown's error, and the server exits 0, leaving nothing."""
+    each at once with the shutdown's error, and the server exits 0, leaving nothing. On Triton 2.51 a loaded host can
+    meet its ensemble's known failure (kept_by_core_466): an expected failure there once every stream read the
+    error."""
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
         outcome: dict = {}
         threads = []
@@ -212,7 +234,7 @@ def test_a_stop_ends_the_streams_in_flight_with_an_error_they_read(paced_repo, t
         for model, stream in grpc_results.items():
             assert stream.started.wait(60), f"no gRPC {model} stream started"
         footprint = Footprint.of(server.process.pid, server.log_path)
-        stop_cleanly(server, footprint, how)
+        kept = stop_cleanly(server, footprint, how, ensemble_in_flight=True)
         for thread in threads:
             thread.join(30)
         for model in ("tensorrt_llm_bls", "ensemble"):
@@ -220,6 +242,9 @@ def test_a_stop_ends_the_streams_in_flight_with_an_error_they_read(paced_repo, t
             assert SHUTDOWN in last.get("error", ""), (model, last)
             result = grpc_results[model].result(30)
             assert not result.completed and SHUTDOWN in (result.error or ""), (model, result.error)
+        if kept:
+            pytest.xfail("every stream read the shutdown's error, but Triton 2.51's ensemble kept its requests in "
+                         "flight (core #466)")
 
 
 class BackgroundGrpcStream:
@@ -340,25 +365,13 @@ def test_a_stop_after_ensemble_clients_left_mid_request_is_clean(paced_repo, tmp
     core #466, in r26.02 and later: the 26.07 container has it), and its stop waits out the exit timeout. On 2.51
     that known failure is an expected one; on any other server it fails."""
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
-        with urllib.request.urlopen(f"http://{server.http_url}/v2", timeout=5) as response:
-            version = json.load(response)["version"]
         clients = leave_mid_request(server, "ensemble")
         for client in clients:
             client.join(60)
             assert not client.is_alive()
         wait_engine_idle(server)
-        footprint = Footprint.of(server.process.pid, server.log_path)
-        if version == "2.51.0":
-            server.process.send_signal(signal.SIGTERM)
-            status = server.process.wait(server.exit_timeout_s + 30)
-            log = server.log_path.read_text(errors="replace")
-            if status != 0 and "Model 'ensemble' (version 1) has" in log:
-                for directory in footprint.relay_directories:  # the models the exit timeout left loaded left these
-                    shutil.rmtree(directory)
-                pytest.xfail("Triton 2.51's ensemble keeps a request whose client left in flight (core #466)")
-            assert status == 0, server._log_hint()
-        else:
-            stop_cleanly(server, footprint)
+        if stop_cleanly(server, Footprint.of(server.process.pid, server.log_path), ensemble_in_flight=True):
+            pytest.xfail("Triton 2.51's ensemble keeps a request whose client left in flight (core #466)")
 
 
 def test_a_unary_stop_lets_the_requests_in_flight_finish(unary_repo, tmp_path):
