@@ -260,8 +260,7 @@ class ResponseDispatcher:
     BACKLOG_STEPS = 2
 
     def __init__(self, merge: bool = False, corked: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
-        """`corked()`: held while a round is sent (the relay's RelayConnections.corked: a round's responses go to
-        the relay in one write, and out of tritonserver back to back, as the C++ backend sends a step's)."""
+        """`corked()`: held while a round is sent (where the sends can be gathered, a round goes in one write)."""
         self._merge = merge
         self._corked = corked
         # Streams with events to send, in the order the next round serves them (after first responses).
