@@ -258,7 +258,7 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
         rows.append(Row(f"{clients:>3} streams: ensemble / BLS",
                         _tokens_per_s(runs["ensemble"]) / _tokens_per_s(runs[BLS_MODEL]), "x",
                         ENSEMBLE_RATIO_TARGET.get(clients)))
-        # The BLS merges text that waits behind other streams' sends (bls.relay.sending): how many responses
+        # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
         rows.append(Row(f"{clients:>3} streams: BLS responses per token",
                         _responses_per_token(runs[BLS_MODEL]), "x"))

@@ -23,10 +23,10 @@ from embedded_model import TritonPythonModel as EmbeddedEngineModel
 
 from bls.relay.connection import RelayConnections
 from bls.relay.frames import RelayedRequest
+from bls.response_loop import Transport
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.requests import request_parameters
 from bls.triton_io.senders import RelayedSender
-from embedded_engine.responses import ResponseSender
 
 
 class TritonPythonModel(EmbeddedEngineModel):
@@ -38,7 +38,7 @@ class TritonPythonModel(EmbeddedEngineModel):
         super().finalize()  # every stream's final frame is written before the connections close
         self._relays.close()
 
-    def _sender(self, request: Any) -> tuple[ResponseSender, Callable[[], bool]]:
+    def _sender(self, request: Any) -> tuple[Transport, Callable[[], bool]]:
         """The relay's stream: frames on the connection that claimed it; cancelled when the relay says the client
         has gone or a frame could not be written. A request that did not come through the relay (the model called by
         its own name) is answered through the stub, as without the relay."""
