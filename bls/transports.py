@@ -3,7 +3,7 @@
 
 - RelayTransport (streaming repositories): clients call the C++ model tensorrt_llm_bls, which forwards each request
   to this Python model. Requests run on worker threads (bounded admission: bls.relay.admission), their responses go back
-  to the relay as frames (bls.relay.sending sends them, merging what waits), engine streams go through the relay
+  to the relay as frames (bls.response_loop sends them, merging what waits), engine streams go through the relay
   (bls.relay.engine_streams); one-response calls (preprocessing, postprocessing) are in-process `exec`.
   Cancellation, one way: the relay sees the client leave and tells the connection that claimed the stream, which
   cancels the request's sink; the request's engine calls are then cancelled through the relay (Triton's request
@@ -36,7 +36,7 @@ from bls.relay.admission import RequestPool
 from bls.relay.connection import RelayConnection, RelayConnections
 from bls.relay.engine_streams import RelayedEngineStreams
 from bls.relay.frames import RelayedRequest
-from bls.relay.sending import Merge, ResponseLoop
+from bls.response_loop import Merge, ResponseLoop
 from bls.triton_io.children import InProcessModels
 from bls.triton_io.lock import PB_LOCK
 from bls.triton_io.requests import read_inputs, request_parameters
@@ -49,7 +49,7 @@ log = logging.getLogger(__name__)
 # time.monotonic() when Triton handed the request over.
 Serve = Callable[[Tensors, str, Any, float], None]
 
-# Threads that send what the relay transport's other threads queue (bls.relay.sending); the connection's reader
+# Threads that send what the relay transport's other threads queue (bls.response_loop); the connection's reader
 # thread sends what each read of engine responses queued itself.
 SENDING_THREADS = 4
 

@@ -9,26 +9,30 @@
   generation_logits [1, 1, len, vocab] when return_generation_logits (one row per output token).
 - batch_index [1, 1] when the Triton request had batch > 1.
 
-`TritonRequestStream` gathers the rows of one Triton request: each row's responses go out as they come, and
-the FINAL flag rides on the response that ends the last row.
+`TritonRequestStream` gathers the rows of one Triton request: each row's responses go out as they come (to the
+request's stream of bls.response_loop's loop, in decoupled mode), and the FINAL flag rides on the response that
+ends the last row.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import partial
 from typing import Protocol
 
 import numpy as np
 
+from bls.response_loop import merge_streamed
 from embedded_engine.request import GenerationRequest
 from embedded_engine.scheduler import EngineEvent
 
 Tensors = dict[str, np.ndarray]
+
+# How two streamed responses of one request merge when they wait for sending (merge_streamed_tokens): each
+# response's sequence_length and num_output_tokens count its own tokens, as TensorRT-LLM's streamed responses do.
+merge_responses = partial(merge_streamed, running_counts=False)
 
 # The unit of the kv_cache_*_blocks perf metrics: the embedded engine's cache is not paged, so its use is
 # reported in blocks of this many tokens (trtllm-build's default --tokens_per_block is 32 as well).
@@ -149,7 +153,7 @@ class ResponseAssembler:
 
 
 class ResponseSender(Protocol):
-    """The part of `bls.triton_io.senders.StubSender` the stream uses."""
+    """The part of `bls.response_loop.QueuedStream` (and `bls.triton_io.senders.StubSender`) the stream uses."""
 
     def send(self, outputs: Mapping[str, np.ndarray], final: bool = False) -> None: ...
 
@@ -170,7 +174,6 @@ class TritonRequestStream:
         self._assemblers = {request.batch_index: ResponseAssembler(request, vocab_size) for request in requests}
         self._unfinished = len(requests)
         self._lock = threading.Lock()
-        self.started = False  # a response went out (the dispatcher serves streams still waiting for one first)
 
     def on_event(self, event: EngineEvent) -> None:
         if event.error is not None:
@@ -182,7 +185,6 @@ class TritonRequestStream:
                 self._unfinished -= 1
             final = event.finished and self._unfinished == 0
         if outputs is not None:
-            self.started = True
             self._sender.send(outputs, final=final)
         elif final:
             self._sender.finish()
@@ -215,140 +217,3 @@ class CollectingSender:
 
     def wait(self, timeout_s: float | None = None) -> bool:
         return self._done.wait(timeout_s)
-
-
-def merge_events(events: list[EngineEvent]) -> EngineEvent:
-    """Consecutive events of one sequence as one: their tokens in order, the last one's finish."""
-    if len(events) == 1:
-        return events[0]
-    for event in events:
-        if event.error is not None:
-            return event  # an error ends the stream; nothing after it matters
-    generation_logits = [e.generation_logits for e in events if e.generation_logits is not None]
-    last = events[-1]
-    return EngineEvent(
-        request=last.request,
-        token_ids=[t for e in events for t in e.token_ids],
-        log_probs=[p for e in events for p in e.log_probs],
-        context_logits=events[0].context_logits,
-        generation_logits=np.concatenate(generation_logits) if generation_logits else None,
-        drafted_tokens=sum(e.drafted_tokens for e in events),
-        accepted_draft_tokens=sum(e.accepted_draft_tokens for e in events),
-        finished=last.finished,
-        finish_reason=last.finish_reason,
-    )
-
-
-class ResponseDispatcher:
-    """Sends responses on its own thread, so the engine does not wait for each send.
-
-    Events wait in a queue and go out in order, one response per engine step, as TensorRT-LLM's C++ backend
-    streams (one response per generated token): what every benchmark and soak must load the layers above
-    with. When sending falls behind, what waits goes out in rounds of one response per stream (streams still
-    waiting for their first response first), the order a GPU engine emits tokens in, so that a stream's
-    backlog neither goes out as a burst nor holds back the other streams and new requests. With `merge`, each
-    round sends a sequence's waiting events as one response instead, so a CPU box whose sending falls behind
-    generation catches up; a figure measured that way must say so.
-
-    A paced engine (step_ms > 0) asks `wait_for_backlog` before each step: it waits while more than
-    BACKLOG_STEPS steps of responses are still to be sent. TensorRT-LLM's C++ backend sends as fast as it
-    generates; this stand-in, sending from Python on a few cores, cannot, and without the bound it queued
-    responses without limit: in the 2-core soak first tokens waited ~2.5 s behind the queue, and generations of
-    clients that had gone ran on until their queued tokens came out (twice the tokens per finished request).
-    """
-
-    BACKLOG_STEPS = 2
-
-    def __init__(self, merge: bool = False, corked: Callable[[], AbstractContextManager[None]] = nullcontext) -> None:
-        """`corked()`: held while a round is sent (the relay's RelayConnections.corked: a round's responses go to
-        the relay in one write, and out of tritonserver back to back, as the C++ backend sends a step's)."""
-        self._merge = merge
-        self._corked = corked
-        # Streams with events to send, in the order the next round serves them (after first responses).
-        self._pending: dict[int, tuple[TritonRequestStream, deque[EngineEvent]]] = {}
-        self._backlog = 0  # events submitted and not yet sent
-        self._in_step = 0  # > 0: an engine step is under way (step()): its events wait for its end
-        self._engine_waits_for: int | None = None  # the backlog an engine in wait_for_backlog waits for
-        self._wakeup = threading.Condition()
-        self._running = True
-        self._thread = threading.Thread(target=self._run, name="response-dispatcher", daemon=True)
-        self._thread.start()
-
-    def submit(self, stream: TritonRequestStream, event: EngineEvent) -> None:
-        key = id(event.request)
-        with self._wakeup:
-            self._backlog += 1
-            if key in self._pending:
-                self._pending[key][1].append(event)
-            else:
-                self._pending[key] = (stream, deque([event]))
-            if not self._in_step:
-                self._wakeup.notify()
-
-    @contextmanager
-    def step(self) -> Iterator[None]:
-        """Held by a paced engine around each step: the step's events go out together when it ends, as a GPU
-        step's tokens do (and as TensorRT-LLM's C++ backend sends them), not one by one while the stand-in computes
-        the step's sequences one after another (a few ms on a CPU: the BLS would wake for every few tokens)."""
-        with self._wakeup:
-            self._in_step += 1
-        try:
-            yield
-        finally:
-            with self._wakeup:
-                self._in_step -= 1
-                if self._pending:
-                    self._wakeup.notify()
-
-    def wait_for_backlog(self, events_per_step: int, timeout_s: float = 1.0) -> None:
-        """Block (the engine, before a step) while more than BACKLOG_STEPS steps of `events_per_step` responses
-        wait to be sent, for at most timeout_s: a send that hangs slows the engine down, never stops it."""
-        limit = self.BACKLOG_STEPS * max(events_per_step, 1)
-        deadline = time.monotonic() + timeout_s
-        with self._wakeup:
-            try:
-                while self._running and self._backlog > limit:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return
-                    self._engine_waits_for = limit
-                    self._wakeup.wait(remaining)
-            finally:
-                self._engine_waits_for = None
-
-    def shutdown(self) -> None:
-        with self._wakeup:
-            self._running = False
-            self._wakeup.notify_all()
-        self._thread.join(timeout=5)
-
-    def _run(self) -> None:
-        while True:
-            with self._wakeup:
-                while self._running and (not self._pending or self._in_step):
-                    self._wakeup.wait()
-                if not self._pending:
-                    return
-                # One round: first responses first (a new request's first token does not wait behind long
-                # streams), then one response per stream, as a GPU engine emits them (one token per stream per
-                # step); a stream with more waiting goes to the back, behind streams that arrive meanwhile.
-                rounds = []
-                for key, (stream, events) in sorted(self._pending.items(), key=lambda item: item[1][0].started):
-                    if self._merge:
-                        taken = list(events)
-                        events.clear()
-                    else:
-                        taken = [events.popleft()]
-                    entry = self._pending.pop(key)
-                    if events:
-                        self._pending[key] = entry
-                    rounds.append((stream, taken))
-            with self._corked():
-                for stream, taken in rounds:
-                    stream.on_event(merge_events(taken) if self._merge else taken[0])
-                    with self._wakeup:
-                        self._backlog -= len(taken)
-                        # Woken once the backlog is low enough, not after every stream: each wake-up of the engine
-                        # thread costs this one the GIL.
-                        if self._engine_waits_for is not None and self._backlog <= self._engine_waits_for:
-                            self._wakeup.notify_all()

@@ -185,10 +185,10 @@ class Engine:
         step_s: float = 0.0,  # > 0: every iteration lasts at least this long, like a GPU decoding step
         max_queued: int = DEFAULT_MAX_QUEUED_REQUESTS,  # sequences that may wait for a slot beyond max_active
         # Called before each iteration with the number of active sequences; blocks (bounded) while earlier
-        # iterations' responses still wait to be sent (embedded_engine.responses.ResponseDispatcher).
+        # iterations' responses still wait to be sent (bls.response_loop.ResponseLoop.wait_for_backlog).
         wait_for_sending: Callable[[int], None] | None = None,
         # Held around each iteration's sequence steps: a paced engine hands its responses over when the iteration
-        # ends, all at once, as a GPU step's tokens come out together (ResponseDispatcher.step).
+        # ends, all at once, as a GPU step's tokens come out together (bls.response_loop.ResponseLoop.held).
         step_scope: Callable[[], AbstractContextManager[None]] = nullcontext,
         # LoRA: the cache requests resolve their adapters in (None: the engine takes no LoRA), and the slot its
         # model's LoRA layers read the adapter of each forward pass from.

@@ -42,10 +42,10 @@ from engine_build.upstream_parameters import (
 RELAY_BACKEND = "llama3_relay"
 RELAY_LIBRARY = "libtriton_llama3_relay.so"
 BACKENDS = ("python", "tensorrtllm", RELAY_BACKEND)
-# Which contract each model of ours answers to (the embedded engine behind the benchmark's relay is `<engine>_python`).
+# Which contract each model of ours answers to.
 CONTRACT_OF = {
-    "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "tensorrt_llm_python": "tensorrt_llm",
-    "tensorrt_llm_draft_python": "tensorrt_llm", "preprocessing": "preprocessing", "postprocessing": "postprocessing",
+    "tensorrt_llm": "tensorrt_llm", "tensorrt_llm_draft": "tensorrt_llm", "preprocessing": "preprocessing",
+    "postprocessing": "postprocessing",
     "ensemble": "ensemble", BLS_MODEL: BLS_MODEL, BLS_PYTHON_MODEL: BLS_MODEL,
     HANDOFF_MODEL: HANDOFF_MODEL,  # the engine's tensors plus its own stream-state output
 }
@@ -191,9 +191,8 @@ def _check_topology(models: dict[str, Model], manifest: dict, report: Report) ->
 def _check_lora(models: dict[str, Model], manifest: dict, report: Report) -> None:
     from engine_build.lora import name_table_problems, repository_problems
 
-    engine = next((models[name] for name in ("tensorrt_llm_python", "tensorrt_llm") if name in models
-                   and models[name].backend in ("python", "tensorrtllm")), None)
-    if engine is None or "preprocessing" not in models:
+    engine = models.get("tensorrt_llm")
+    if engine is None or engine.backend not in ("python", "tensorrtllm") or "preprocessing" not in models:
         return
     if manifest.get("engine") == "llmapi":  # the adapters' folders: model.yaml's lora_config (_check_llmapi_model)
         for problem in name_table_problems(manifest, models["preprocessing"].parameters.get("lora_adapters")):

@@ -68,9 +68,6 @@ RELAY_DIR = PROJECT_ROOT / "relay"  # the relay's sources (relay/relay.h says wh
 RELAY_CONFIG = TEMPLATES / BLS_MODEL / "relay.config.pbtxt"
 # The ensemble's engine step in a streaming repository (engine_build/topology.py): the relay library's second role.
 HANDOFF_CONFIG = TEMPLATES / HANDOFF_MODEL / "config.pbtxt"
-# The benchmark's relay in front of its synthetic engine (RepositorySettings.engine_relay): a bench-only model.
-# Beside tools/bench_models/, not in it: that folder is served whole as a repository of its own.
-ENGINE_RELAY_CONFIG = PROJECT_ROOT / "tools" / "engine_relay.config.pbtxt"
 # Triton's own headers of the oldest server we serve (relay/include/README.md), where the container's are not here.
 RELAY_VENDORED_INCLUDE = RELAY_DIR / "include"
 CONTAINER_INCLUDE = Path("/opt/tritonserver/include")
@@ -165,11 +162,6 @@ class RepositorySettings:
     merge_streamed_tokens: bool = False
     step_ms: float = 0.0  # embedded engine: minimum duration of an engine iteration (a GPU-like step)
     engine_instance_count: int = 1  # > 1 only with synthetic (benchmark stand-ins): see embedded.config.pbtxt
-    # Synthetic only (the benchmark stand-in, streaming): the relay in front of the embedded engine too; the engine
-    # then runs as `<name>_python`, and its responses leave tritonserver from
-    # C++, a step's back to back, as TensorRT-LLM's C++ backend sends them (from Python each costs the stub's send:
-    # a step's responses trickle out over ms).
-    engine_relay: bool = False
     torch_threads: int = 0  # 0: torch's default
     max_active_requests: int = DEFAULT_MAX_ACTIVE_REQUESTS
     max_queued_requests: int = DEFAULT_MAX_QUEUED_REQUESTS
@@ -266,14 +258,13 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
         "transport": topology.bls_transport,
         "admission": _bls_admission(settings, relayed),
     })
-    relay_library: Path | None = None  # compiled once; every relay-backend model gets a copy
     if relayed:
         relay = _write_model(out, BLS_MODEL, vendored=(), version_files=False, template=RELAY_CONFIG, values={
             "triton_max_batch_size": settings.triton_max_batch_size,
             "python_model_name": BLS_PYTHON_MODEL,
             "engine_models": ",".join(engine_models),  # the only models its engine calls may name
         })
-        relay_library = relay / "1" / RELAY_LIBRARY
+        relay_library = relay / "1" / RELAY_LIBRARY  # compiled once; every relay-backend model gets a copy
         compile_relay(relay_library)
         handoff_dir = _write_model(out, HANDOFF_MODEL, vendored=(), version_files=False, template=HANDOFF_CONFIG,
                                    contract_name=HANDOFF_MODEL, values={
@@ -291,7 +282,7 @@ def assemble_repository(out: Path, settings: RepositorySettings) -> Path:
     else:
         for name in engine_models:
             source = settings.target if name == TARGET_MODEL else settings.draft
-            _write_engine_model(out, name, source, settings, relay_library, adapters if name == TARGET_MODEL else [])
+            _write_engine_model(out, name, source, settings, adapters if name == TARGET_MODEL else [])
 
     _write_manifest(out, settings, adapters, topology)
     return out
@@ -349,11 +340,6 @@ def _compiler() -> str:
     if os.environ.get("CXX"):
         return os.environ["CXX"]
     return next((name for name in CXX_COMPILERS if shutil.which(name)), " or ".join(CXX_COMPILERS))
-
-
-def engine_is_relayed(repo: Path) -> bool:
-    """Whether a built repository serves its engine behind a relay (engine_relay, where the relay was built)."""
-    return (repo / TARGET_MODEL / "1" / RELAY_LIBRARY).is_file()
 
 
 def can_compile_relay() -> bool:
@@ -469,9 +455,8 @@ def _write_model(out: Path, name: str, values: dict, template: Path | None = Non
 
 
 def _write_engine_model(out: Path, name: str, source: Path, settings: RepositorySettings,
-                        relay_library: Path | None, adapters: list[ConvertedAdapter]) -> None:
-    """`relay_library`: the repository's relay library, where it is built (_use_relay); the engine gets a copy with
-    engine_relay. `adapters`: the LoRA adapters this engine serves, written to its prefetch folder."""
+                        adapters: list[ConvertedAdapter]) -> None:
+    """`adapters`: the LoRA adapters this engine serves, written to its prefetch folder."""
     is_draft = name == DRAFT_MODEL
     common = {
         "model_name": name,
@@ -484,21 +469,9 @@ def _write_engine_model(out: Path, name: str, source: Path, settings: Repository
         if settings.engine_instance_count > 1 and not settings.synthetic:
             raise RepositoryError("engine_instance_count > 1 is for the synthetic benchmark engine only: a `stop` "
                                   "(cancellation) must reach the instance that holds the sequence")
-        python_name = name
-        if settings.engine_relay and not (settings.synthetic and settings.decoupled):
-            raise RepositoryError("engine_relay is for the synthetic benchmark engine only, decoupled")
-        if settings.engine_relay and relay_library is not None:
-            python_name = f"{name}_python"
-            relay = _write_model(out, name, vendored=(), version_files=False, values={
-                "model_name": name,
-                "triton_max_batch_size": settings.triton_max_batch_size,
-                "python_model_name": python_name,
-                "engine_models": "",  # the engine behind it calls no model
-            }, template=ENGINE_RELAY_CONFIG, contract_name=TARGET_MODEL)
-            shutil.copy2(relay_library, relay / "1" / RELAY_LIBRARY)
-        target = _write_model(out, python_name, vendored=("bls", "embedded_engine"), values={
+        target = _write_model(out, name, vendored=("bls", "embedded_engine"), values={
             **common,
-            "model_name": python_name,
+            "model_name": name,
             "checkpoint_dir": CHECKPOINT_DIR,
             "max_seq_len": settings.max_seq_len,
             "max_draft_len": 0 if is_draft or not settings.draft else settings.max_draft_len,

@@ -9,7 +9,7 @@ import psutil
 
 STUB_NAME = "triton_python_backend_stub"
 # The relays' threads in tritonserver (relay/, its thread_name): the BLS's, whose CPU is the relayed BLS's
-# sending, and the one in front of the benchmark engine (tools/engine_relay.config.pbtxt), the engine's.
+# sending, and the one in front of the benchmark engine (tools/engine_relay), the engine's.
 RELAY_THREAD = "llama3_relay"
 ENGINE_RELAY_THREAD = "engine_relay"
 BENCH_ENGINE_THREAD = "bench_engine"  # the C++ bench engine's step thread (tools/bench_engine)

@@ -2,8 +2,8 @@
 
 The engine is the synthetic embedded engine sending one response per generated token per stream, as
 TensorRT-LLM's C++ backend streams (never merged: `merge_streamed_tokens` is off), so the layers above it
-are loaded the way a GPU deployment loads them. Where the relay is built (g++) the stand-in runs behind one
-(RepositorySettings.engine_relay): its responses then leave tritonserver from C++, a step's back to back, as
+are loaded the way a GPU deployment loads them. With --engine python the stand-in runs behind a relay
+(tools/engine_relay): its responses then leave tritonserver from C++, a step's back to back, as
 the C++ backend sends them; from its Python stub each costs a synchronous send, so a paced step's responses
 trickled out over several ms and woke the BLS for every few tokens, which no GPU deployment does (README,
 Benchmarks). Each client streams STREAM_TOKENS tokens, ROUNDS times; the floor is what the same clients get
@@ -48,7 +48,7 @@ from engine_build.repository import relay_include_dir
 from testkit.http import HttpSession
 from testkit.processes import BENCH_ENGINE_THREAD, ENGINE_RELAY_THREAD, HANDOFF_THREAD, RELAY_THREAD, cpu_seconds
 from testkit.stats import percentile
-from tools import bench_engine
+from tools import bench_engine, engine_relay
 from tools.bench_common import BenchContext, LoadRun, Row, Target, stream_load
 from tools.bench_pipeline import engine_body
 
@@ -127,11 +127,12 @@ def _repo(ctx: BenchContext, name: str, step_ms: float, stream_interval: int = 1
                        bls_max_queued_requests=MAX_STREAMS,
                        merge_streamed_tokens=False, step_ms=step_ms,
                        engine_instance_count=1 if cpp else engine_instances or ctx.engine_instances,
-                       stream_interval=stream_interval, engine_relay=not cpp,
+                       stream_interval=stream_interval,
                        **({"bls_instance_count": ctx.bls_instances} if ctx.bls_instances else {}))
     if cpp:
-        bench_engine.install(repo, step_ms=step_ms, max_active_requests=MAX_STREAMS, max_queued_requests=MAX_STREAMS)
-    return repo
+        return bench_engine.install(repo, step_ms=step_ms, max_active_requests=MAX_STREAMS,
+                                    max_queued_requests=MAX_STREAMS)
+    return engine_relay.install(repo)
 
 
 def _client_rows(label: str, runs: dict[str, LoadRun]) -> list[Row]:
@@ -257,7 +258,7 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
         rows.append(Row(f"{clients:>3} streams: ensemble / BLS",
                         _tokens_per_s(runs["ensemble"]) / _tokens_per_s(runs[BLS_MODEL]), "x",
                         ENSEMBLE_RATIO_TARGET.get(clients)))
-        # The BLS merges text that waits behind other streams' sends (bls.relay.sending): how many responses
+        # The BLS merges text that waits behind other streams' sends (bls.response_loop): how many responses
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
         rows.append(Row(f"{clients:>3} streams: BLS responses per token",
                         _responses_per_token(runs[BLS_MODEL]), "x"))

@@ -7,8 +7,8 @@ Starts its own tritonserver on loopback (or uses --server-url host:http_port[,gr
 (HTTP and gRPC), non-streamed and streamed ensemble generate, conversations (`messages`), speculative BLS
 (num_draft_tokens 4), clients that disconnect mid-stream (20 %: closed HTTP response, gRPC
 stop_stream(cancel_requests=True)) and ~5 % bad inputs, whose errors are expected and counted apart.
-The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token (from C++
-behind the engine relay where a compiler builds it, as `make bench` serves it). Requests
+The engine is the synthetic one at a GPU-like step (--step-ms), sending one response per token (from C++,
+behind the engine relay: tools/engine_relay). Requests
 refused for capacity (UNAVAILABLE, HTTP 503) are counted as shed: an answer, not a failure.
 
 Exits non-zero when any request failed unexpectedly or hung past --request-timeout, when the engines
@@ -45,6 +45,7 @@ from testkit.http import HttpError, HttpSession, Hung
 from testkit.metrics import metric_values
 from testkit.processes import find_server_pid, rss_bytes, shm_files, triton_processes
 from testkit.stats import percentile
+from tools import engine_relay
 
 BLS = BLS_MODEL
 ENSEMBLE = "ensemble"
@@ -517,11 +518,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.step_ms:
             # The engine as a GPU deployment paces it: every active stream gets one token per step, each in
             # its own response; 256 run at once (an engine batch), 64 more may wait, the rest is shed (503).
-            # Behind the engine relay where the relay is built, as `make bench` runs it: a step's responses leave
-            # tritonserver from C++, back to back, as TensorRT-LLM's C++ backend sends them.
-            repo = variant_repository(repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms,
-                                      merge_streamed_tokens=False, max_active_requests=256, max_queued_requests=64,
-                                      engine_relay=True)
+            # Behind the engine relay: a step's responses leave tritonserver from C++, back to back, as
+            # TensorRT-LLM's C++ backend sends them.
+            repo = engine_relay.install(variant_repository(
+                repo, args.report.parent / "repo", synthetic=True, step_ms=args.step_ms, merge_streamed_tokens=False,
+                max_active_requests=256, max_queued_requests=64))
         with TritonServer(repo, log_path=args.server_log, extra_args=tuple(args.server_arg)) as server:
             target = Target(server.http_url, server.grpc_url, server.metrics_url, server.process.pid)
             report = soak(target, server.is_alive)

@@ -3,8 +3,8 @@
 Pure Python over two small interfaces, so it is unit-tested without Triton:
 - `ModelCaller`: calls other models (bls.transports picks the topology's: engine streams through the relay, or
   one-response calls in-process);
-- `ResponseSink`: sends responses and reports client cancellation (bls.transports: `bls.relay.sending.QueuedStream`,
-  whose sends return at once and whose responses still waiting to go out absorb later ones, see merge_streamed;
+- `ResponseSink`: sends responses and reports client cancellation (bls.transports: `bls.response_loop.QueuedStream`,
+  whose sends return at once and whose responses still waiting to go out absorb later ones (merge_streamed);
   or one stub send for a unary request).
 
 Streaming sends the text added since the previous response (or, with accumulate_tokens, the whole text
@@ -27,6 +27,7 @@ from bls.contract import ENGINE_TO_TEXT, PREPROCESSING, PREPROCESSING_TO_ENGINE,
 from bls.errors import GenerationCancelled, InvalidRequest
 from bls.finish_reason import FinishReason
 from bls.generation.draft_target import DraftTargetDecoder, SpeculationStats, response_tokens
+from bls.response_loop import PER_TOKEN_AXIS, merge_streamed
 from bls.text.detokenizer import IncrementalDetokenizer
 from bls.word_lists import WordList
 
@@ -46,8 +47,6 @@ _OUTPUTS_ASKED_BY = {
                                                               "total_draft_tokens")),
 }
 _GUIDE = "guided_decoding_guide"
-# In a non-streamed response, per-token outputs are joined along their token axis.
-_PER_TOKEN_AXIS = {"output_log_probs": -1, "generation_logits": 2}
 
 
 class ModelCaller(Protocol):
@@ -222,7 +221,7 @@ class _EngineDetails:
 
     def add(self, outputs: Tensors) -> None:
         for name, value in outputs.items():
-            if name in _PER_TOKEN_AXIS:
+            if name in PER_TOKEN_AXIS:
                 if not self._streamed:
                     self._parts.setdefault(name, []).append(value)
             elif name != "context_logits":
@@ -231,7 +230,7 @@ class _EngineDetails:
                 self._latest[name] = value
 
     def tensors(self) -> Tensors:
-        joined = {name: np.concatenate(parts, axis=_PER_TOKEN_AXIS[name]) for name, parts in self._parts.items()}
+        joined = {name: np.concatenate(parts, axis=PER_TOKEN_AXIS[name]) for name, parts in self._parts.items()}
         return {**self._latest, **joined}
 
 
@@ -338,7 +337,7 @@ class TextGenerator:
 
         try:
             # Each response is handled where it is read (for most requests, the thread that reads every engine
-            # stream of this process): nothing in on_tokens blocks, sends only queue (bls.relay.sending).
+            # stream of this process): nothing in on_tokens blocks, sends only queue (bls.response_loop).
             if not self.models.stream_each(self.config.engine_model, inputs, request.engine_outputs, child_id,
                                            on_response):
                 return FinishReason.CANCELLED
@@ -438,25 +437,6 @@ class _TextStreamer:
             return delta
         self._text_so_far += delta
         return self._text_so_far
-
-
-def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool) -> Tensors | None:
-    """Two streamed responses of one stream as one (bls.relay.sending merges what waits to be sent): the text
-    deltas joined (accumulating: the later, whole text), per-token outputs joined along their token axis,
-    every other output the later one's (token counts and cumulative values are running totals). None for
-    responses of different batch rows, which go apart."""
-    earlier_row, later_row = earlier.get("batch_index"), later.get("batch_index")
-    if (earlier_row is None) != (later_row is None) or (
-        earlier_row is not None and earlier_row.item() != later_row.item()
-    ):
-        return None
-    merged = {**earlier, **later}
-    if not accumulate and "text_output" in earlier and "text_output" in later:
-        merged["text_output"] = np.array([earlier["text_output"][0] + later["text_output"][0]], dtype=object)
-    for name, axis in _PER_TOKEN_AXIS.items():
-        if name in earlier and name in later:
-            merged[name] = np.concatenate([earlier[name], later[name]], axis=axis)
-    return merged
 
 
 def _strings(texts: list[str]) -> np.ndarray:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,13 +100,16 @@ def served_checkpoint(endpoint, repo_dir) -> Path:
 
 
 @contextmanager
-def built_repository_server(request, tmp_path_factory, name: str, **settings) -> Iterator[TritonServer]:
+def built_repository_server(request, tmp_path_factory, name: str, then: Callable[[Path], Path] = lambda repo: repo,
+                            **settings) -> Iterator[TritonServer]:
     """tritonserver on a repository assembled here from build/assets (the tokenizer, the tiny target) with
-    RepositorySettings fields overridden: for tests of build-time settings, which --server-url cannot serve."""
+    RepositorySettings fields overridden, and `then` applied to it: for tests of build-time settings, which
+    --server-url cannot serve."""
     if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
         pytest.skip("build/assets is missing: run `make repo`")
     repo = assemble_repository(tmp_path_factory.mktemp(name) / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", **settings))
+    repo = then(repo)
     with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
         yield server
 

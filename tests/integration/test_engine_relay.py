@@ -1,5 +1,5 @@
-"""The benchmark's stand-in engine behind its relay (RepositorySettings.engine_relay, what `make bench`'s streaming
-section serves): tensorrt_llm is the C++ relay and the synthetic embedded engine runs as tensorrt_llm_python.
+"""The benchmark's stand-in engine behind its relay (tools/engine_relay, what the soak and `make bench --engine
+python` serve): tensorrt_llm is the C++ relay and the synthetic embedded engine runs as tensorrt_llm_python.
 Clients and the BLS must see tensorrt_llm exactly as without it: one response per token, the same tokens, `stop`,
 cancellation reaching the engine, errors naming the field. Otherwise the benchmark's figures would come from
 an engine that behaves differently.
@@ -25,6 +25,7 @@ from tests.integration.conftest import built_repository_server
 from tests.integration.test_bls import BLS, PROMPTS, streamed_text
 from tests.integration.test_engine import ENGINE, OUTPUTS, engine_inputs, streamed_tokens
 from tests.integration.test_text import strings
+from tools import engine_relay
 
 ENGINE_PYTHON = "tensorrt_llm_python"
 PROMPT = [128000, 9906, 1917]
@@ -35,8 +36,8 @@ def server(request, tmp_path_factory):
     if not can_compile_relay():
         pytest.skip("the relay needs a C++ compiler (g++ or CXX)")
     # Paced (5 ms steps, as make bench paces it): unpaced, the stand-in would finish 3,000 tokens before a `stop`.
-    with built_repository_server(request, tmp_path_factory, "engine-relay", synthetic=True, engine_relay=True,
-                                 step_ms=5.0) as server:
+    with built_repository_server(request, tmp_path_factory, "engine-relay", then=engine_relay.install,
+                                 synthetic=True, step_ms=5.0) as server:
         yield server
 
 

@@ -35,7 +35,7 @@ def test_responses_carry_the_interval_and_add_up_to_the_text(server, prompt):
     counts = [event["num_output_tokens"] for event in events[:-1]]
     steps = [later - earlier for earlier, later in pairwise(counts)]
     # The first token alone; then 4 at a time; the rest before the final response. A response still waiting to
-    # be sent absorbs the next one (bls.relay.sending), so on a loaded machine one may carry more.
+    # be sent absorbs the next one (bls.response_loop), so on a loaded machine one may carry more.
     assert (counts[0] == 1 or counts[0] > INTERVAL) and counts[-1] == 30, counts
     assert all(step >= INTERVAL for step in steps[:-1]) and 0 < steps[-1], counts
     assert len(events) <= 2 + (30 - 1 + INTERVAL - 1) // INTERVAL

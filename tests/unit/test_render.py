@@ -1,19 +1,21 @@
 """Config templates: strict rendering and validation as Triton ModelConfig protobufs."""
 
+import re
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from bls.artifact import verify_model_files
 from engine_build.render import TemplateError, parse_model_config, render_model_config, render_template
 from engine_build.repository import (
     RepositoryError,
     RepositorySettings,
     assemble_repository,
     default_bls_instance_count,
-    engine_is_relayed,
     read_manifest,
 )
+from tools import engine_relay
 
 TEMPLATES = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -90,9 +92,9 @@ def test_embedded_repository_renders_every_model(tmp_path):
 
 
 def test_the_benchmark_engine_behind_its_relay_keeps_the_engine_contract(tmp_path):
-    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+    repo = engine_relay.install(assemble_repository(tmp_path / "repo", RepositorySettings(
         engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t"),
-        synthetic=True, engine_relay=True, engine_instance_count=3))
+        synthetic=True, engine_instance_count=3)))
     relay = parse_model_config((repo / "tensorrt_llm" / "config.pbtxt").read_text(), "relay")
     engine = parse_model_config((repo / "tensorrt_llm_python" / "config.pbtxt").read_text(), "engine")
     assert relay.backend == "llama3_relay" and engine.backend == "python" and engine.name == "tensorrt_llm_python"
@@ -106,14 +108,17 @@ def test_the_benchmark_engine_behind_its_relay_keeps_the_engine_contract(tmp_pat
     assert engine.input[[i.name for i in engine.input].index("request_output_len")].HasField("reshape")
     assert (repo / "tensorrt_llm" / "1" / "libtriton_llama3_relay.so").is_file()
     assert not (repo / "tensorrt_llm" / "1" / "model.py").exists()
-    assert engine_is_relayed(repo)
+    # The product's engine model beside the one that sends to the relay, every file as the manifest now says.
+    assert (repo / "tensorrt_llm_python" / "1" / "embedded_model.py").is_file()
+    assert read_manifest(repo)["engine_relay"]
+    assert re.fullmatch(r"[1-9]\d* files match repository.json", verify_model_files(repo / "tensorrt_llm_python" / "1"))
 
 
 def test_the_engine_relay_is_for_the_synthetic_benchmark_engine_only(tmp_path):
+    repo = assemble_repository(tmp_path / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"), target=_fake_checkpoint(tmp_path / "t")))
     with pytest.raises(RepositoryError, match="engine_relay"):
-        assemble_repository(tmp_path / "repo", RepositorySettings(
-            engine="embedded", tokenizer_dir=_fake_tokenizer(tmp_path / "tok"),
-            target=_fake_checkpoint(tmp_path / "t"), engine_relay=True))
+        engine_relay.install(repo)
 
 
 def test_a_unary_repositorys_python_bls_is_tensorrt_llm_bls(tmp_path):

@@ -1,14 +1,21 @@
-"""bls.relay.sending: sending threads, streams merged while they wait, first responses first; a thread that sends
-what it queues itself (send_waiting)."""
+"""bls.response_loop, the one sending loop of the BLS and the embedded engine: sending threads, streams merged
+while they wait (merge_streamed) or sent one response per round, first responses first, rounds corked, held while a
+paced engine steps, the engine's backlog bound; a thread that sends what it queues itself (send_waiting). The
+engine's streams are driven as its model drives them: engine events shaped by embedded_engine.responses."""
 
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
 
-from bls.relay.sending import ResponseLoop
+from bls.response_loop import ResponseLoop, merge_streamed
+from embedded_engine.request import GenerationRequest
+from embedded_engine.responses import TritonRequestStream, merge_responses
+from embedded_engine.sampling import SamplingParams
+from embedded_engine.scheduler import EngineEvent
 
 
 def text(value: str) -> dict:
@@ -316,3 +323,272 @@ def test_a_response_that_cannot_be_built_ends_its_stream_only(loop):
     assert bad.done.wait(5) and good.done.wait(5)
     assert [entry for entry in log if entry[0] == "bad"] == [("bad", "error: a tensor the stub cannot take", True)]
     assert "".join(t for name, t, _ in log if name == "good") == "yend"
+
+
+# ---- merge_streamed ------------------------------------------------------------------------------------
+
+def test_merged_responses_join_per_token_outputs_and_keep_rows_apart():
+    def row(index):
+        return np.array([[index]], np.int32)
+
+    first = {"text_output": np.array([b"a"], dtype=object), "output_log_probs": np.array([[-1.0]], np.float32),
+             "cum_log_probs": np.array([[-1.0]], np.float32), "batch_index": row(0)}
+    second = {"text_output": np.array([b"b"], dtype=object), "output_log_probs": np.array([[-2.0]], np.float32),
+              "cum_log_probs": np.array([[-3.0]], np.float32), "batch_index": row(0)}
+    merged = merge_streamed(first, second, accumulate=False)
+    assert merged["text_output"].tolist() == [b"ab"]
+    assert merged["output_log_probs"].tolist() == [[-1.0, -2.0]]
+    assert merged["cum_log_probs"].tolist() == [[-3.0]]  # a running value: the later one
+    assert merge_streamed(first, {**second, "batch_index": row(1)}, accumulate=False) is None
+    assert merge_streamed(first, {k: v for k, v in second.items() if k != "batch_index"}, accumulate=False) is None
+
+
+def test_an_engines_merged_response_holds_its_tokens_in_order_and_counts_them_all():
+    """The engine's responses count their own tokens (sequence_length, num_output_tokens): merged, they add up;
+    running values (cum_log_probs, the perf metrics) are the later's; context_logits stay with the first."""
+    req = request(return_log_probs=True, return_generation_logits=True, return_num_output_tokens=True,
+                  return_context_logits=True, return_perf_metrics=True)
+    sender = SlowSender()
+    sender.release.set()
+    loop = ResponseLoop()
+    try:
+        with loop.held():  # every response waits: they merge as they come
+            stream = engine_stream(loop, sender, [req], merge=True)
+            stream.on_event(EngineEvent(req, token_ids=[5], log_probs=[-0.5], generation_logits=np.ones((1, 10)),
+                                        context_logits=np.zeros((2, 10))))
+            stream.on_event(EngineEvent(req, token_ids=[6, 7], log_probs=[-0.1, -0.2],
+                                        generation_logits=np.zeros((2, 10)), drafted_tokens=2,
+                                        accepted_draft_tokens=1))
+            stream.on_event(EngineEvent(req, finished=True, finish_reason="end_id"))
+        assert sender.done.wait(5)
+    finally:
+        loop.close(5)
+    (merged,) = sender.outputs
+    assert merged["output_ids"].reshape(-1).tolist() == [5, 6, 7] and sender.finals == [True]
+    assert merged["output_log_probs"].reshape(-1).tolist() == pytest.approx([-0.5, -0.1, -0.2])
+    assert merged["cum_log_probs"].item() == pytest.approx(-0.8)
+    assert merged["generation_logits"].shape == (1, 1, 3, 10) and merged["context_logits"].shape == (1, 2, 10)
+    assert merged["sequence_length"].item() == 3 and merged["num_output_tokens"].item() == 3
+    assert merged["total_accepted_draft_tokens"].item() == 1 and merged["total_draft_tokens"].item() == 2
+
+
+def test_an_engine_error_ends_the_stream_after_what_waited_before_it():
+    req = request()
+    sender = SlowSender()
+    sender.release.set()
+    loop = ResponseLoop()
+    try:
+        with loop.held():
+            stream = engine_stream(loop, sender, [req], merge=True)
+            stream.on_event(EngineEvent(req, token_ids=[5]))
+            stream.on_event(EngineEvent(req, error=RuntimeError("boom"), finished=True))
+            stream.on_event(EngineEvent(req, token_ids=[6]))  # after the end: dropped
+        assert sender.done.wait(5)
+    finally:
+        loop.close(5)
+    assert sender.sent == [[5], "error: boom"]
+
+
+# ---- the embedded engine's streams -----------------------------------------------------------------------------
+
+def request(streaming=True, request_id="r", **kw) -> GenerationRequest:
+    return GenerationRequest(request_id=request_id, batch_index=0, batch_size=1, prompt=(1, 2), max_new_tokens=8,
+                             sampling=SamplingParams(), streaming=streaming, **kw)
+
+
+def engine_stream(loop: ResponseLoop, sender, requests: list[GenerationRequest], merge=False) -> TritonRequestStream:
+    """A Triton request's stream as the engine's model opens it (model_repository/tensorrt_llm)."""
+    return TritonRequestStream(requests, loop.open(sender, merge_responses if merge else None, merge_final=True),
+                               vocab_size=10)
+
+
+class SlowSender:
+    """Blocks on its first send until released, so later events pile up behind it."""
+
+    def __init__(self):
+        self.sent = []  # each response's tokens, and "error: ..." for an error, in the order sent
+        self.outputs = []
+        self.finals = []
+        self.sending = threading.Event()
+        self.release = threading.Event()
+        self.done = threading.Event()
+
+    def send(self, outputs, final=False):
+        self.sending.set()
+        self.release.wait(5)
+        self.sent.append(outputs["output_ids"].reshape(-1).tolist())
+        self.outputs.append(outputs)
+        self.finals.append(final)
+        if final:
+            self.done.set()
+
+    def send_error(self, error):
+        self.sent.append(f"error: {error}")
+        self.done.set()
+
+    def finish(self):
+        self.done.set()
+
+
+def sending_first_token(merge=False):
+    """A loop whose first response (token 1) is being sent, held until sender.release is set."""
+    req = request()
+    sender = SlowSender()
+    loop = ResponseLoop()
+    stream = engine_stream(loop, sender, [req], merge)
+    stream.on_event(EngineEvent(req, token_ids=[1]))
+    assert sender.sending.wait(5)
+    return req, sender, stream, loop
+
+
+@pytest.mark.parametrize("merge, sent", [
+    (True, [[1], [2, 3, 4, 5]]),  # the waiting tokens go out together
+    (False, [[1], [2], [3], [4], [5]]),  # by default like the C++ backend: one response per step, never merged
+])
+def test_an_engines_tokens_that_wait_merge_only_when_asked(merge, sent):
+    req, sender, stream, loop = sending_first_token(merge)
+    try:
+        for token in (2, 3, 4):  # generated while the first response is still being sent
+            stream.on_event(EngineEvent(req, token_ids=[token]))
+        stream.on_event(EngineEvent(req, token_ids=[5], finished=True, finish_reason="length"))
+        sender.release.set()
+        assert sender.done.wait(5)
+    finally:
+        loop.close(5)
+    assert sender.sent == sent and sender.finals[-1]
+
+
+def test_the_engine_waits_while_two_steps_of_responses_wait_to_be_sent():
+    """wait_for_backlog bounds what the stand-in queues for sending (TensorRT-LLM sends as fast as it
+    generates; a Python sender on few cores does not)."""
+    req, sender, stream, loop = sending_first_token()  # it hangs: the responses stay in the backlog
+    try:
+        stream.on_event(EngineEvent(req, token_ids=[2]))
+        loop.wait_for_backlog(responses_per_step=1, timeout_s=5)  # 2 waiting: within two steps, no wait
+        stream.on_event(EngineEvent(req, token_ids=[3]))
+        waited = threading.Event()
+        engine = threading.Thread(target=lambda: (loop.wait_for_backlog(1, timeout_s=5), waited.set()))
+        engine.start()
+        assert not waited.wait(0.3), "3 responses waiting for a 1-sequence engine: it must wait"
+        sender.release.set()  # sending catches up
+        assert waited.wait(5)
+        stream.on_event(EngineEvent(req, token_ids=[4], finished=True, finish_reason="length"))
+        assert sender.done.wait(5)
+    finally:
+        loop.close(5)
+    assert sender.sent == [[1], [2], [3], [4]]
+
+
+def test_a_hung_send_slows_the_engine_down_but_never_stops_it():
+    req, sender, stream, loop = sending_first_token()  # never released until the end
+    try:
+        for token in range(2, 6):
+            stream.on_event(EngineEvent(req, token_ids=[token]))
+        started = time.monotonic()
+        loop.wait_for_backlog(responses_per_step=1, timeout_s=0.2)
+        assert 0.15 < time.monotonic() - started < 2
+    finally:
+        sender.release.set()
+        loop.close(5)
+
+
+def test_a_backlog_goes_out_one_response_per_stream_per_round():
+    """When sending falls behind, the loop sends as a GPU engine emits, one token per stream per step,
+    and a stream that arrives meanwhile gets its first token before the others' backlogs, not after them."""
+    gate = threading.Event()
+    order = []
+
+    class Recorder(SlowSender):
+        """All streams' sends held by one gate and logged in one order."""
+
+        def __init__(self, name):
+            super().__init__()
+            self.name = name
+
+        def send(self, outputs, final=False):
+            gate.wait(5)
+            order.append((self.name, outputs["output_ids"].reshape(-1).tolist()[0]))
+            if final:
+                self.done.set()
+
+    reqs = {name: request(request_id=name) for name in "abc"}
+    senders = {name: Recorder(name) for name in "abc"}
+    loop = ResponseLoop()
+    streams = {name: engine_stream(loop, senders[name], [reqs[name]]) for name in "abc"}
+    try:
+        gate.set()
+        for name, token in (("a", 1), ("b", 11)):  # both streams have started
+            streams[name].on_event(EngineEvent(reqs[name], token_ids=[token]))
+        while len(order) < 2:
+            time.sleep(0.01)
+        gate.clear()  # sending stalls: the engine runs ahead
+        streams["a"].on_event(EngineEvent(reqs["a"], token_ids=[2]))
+        time.sleep(0.1)  # the loop is now held in a2's send
+        for token in (3, 4):
+            streams["a"].on_event(EngineEvent(reqs["a"], token_ids=[token]))
+        for token in (12, 13):
+            streams["b"].on_event(EngineEvent(reqs["b"], token_ids=[token]))
+        streams["c"].on_event(EngineEvent(reqs["c"], token_ids=[21]))  # a new request
+        for name, token in (("a", 5), ("b", 14), ("c", 22)):
+            streams[name].on_event(EngineEvent(reqs[name], token_ids=[token], finished=True, finish_reason="length"))
+        gate.set()
+        assert all(sender.done.wait(5) for sender in senders.values())
+    finally:
+        gate.set()
+        loop.close(5)
+    assert order[:3] == [("a", 1), ("b", 11), ("a", 2)]  # a2 was being sent while the backlog built up
+    # then rounds of one response per stream, the stream still waiting for its first response first
+    assert order[3:] == [("c", 21), ("a", 3), ("b", 12), ("c", 22), ("a", 4), ("b", 13), ("a", 5), ("b", 14)]
+
+
+def test_a_round_is_sent_inside_one_cork():
+    """Behind the relay a round's responses go to it in one write (the loop holds `corked()` while it sends a
+    round), as the C++ backend sends a step's responses back to back."""
+    held = []  # True for each send made while corked
+    corked_now = [False]
+
+    class Cork:
+        def __enter__(self):
+            corked_now[0] = True
+
+        def __exit__(self, *exc):
+            corked_now[0] = False
+
+    class Recorder(SlowSender):
+        def send(self, outputs, final=False):
+            held.append(corked_now[0])
+            if final:
+                self.done.set()
+
+    reqs = [request(request_id=str(i)) for i in range(3)]
+    senders = [Recorder() for _ in reqs]
+    loop = ResponseLoop(corked=Cork)
+    try:
+        for req, sender in zip(reqs, senders, strict=True):
+            stream = engine_stream(loop, sender, [req])
+            stream.on_event(EngineEvent(req, token_ids=[1]))
+            stream.on_event(EngineEvent(req, token_ids=[2], finished=True, finish_reason="length"))
+        assert all(sender.done.wait(5) for sender in senders)
+    finally:
+        loop.close(5)
+    assert len(held) == 6 and all(held)
+
+
+def test_a_steps_responses_wait_for_the_step_to_end():
+    """While held (a paced engine's step) nothing is sent: the step hands its responses over together when it ends."""
+    reqs = [request(request_id=str(i)) for i in range(3)]
+    senders = [SlowSender() for _ in reqs]
+    for sender in senders:
+        sender.release.set()
+    loop = ResponseLoop()
+    try:
+        with loop.held():
+            for req, sender in zip(reqs, senders, strict=True):
+                stream = engine_stream(loop, sender, [req])
+                stream.on_event(EngineEvent(req, token_ids=[1], finished=True, finish_reason="length"))
+            time.sleep(0.2)
+            assert not any(sender.sending.is_set() for sender in senders), "sent before the step ended"
+        assert all(sender.done.wait(5) for sender in senders)
+    finally:
+        loop.close(5)
+    assert [sender.sent for sender in senders] == [[[1]]] * 3

@@ -163,8 +163,8 @@ def test_cancel_by_request_id_ends_running_and_queued_sequences():
 
 
 def test_every_steps_events_come_inside_the_step_scope():
-    """A paced engine's step scope (ResponseDispatcher.step) spans every sequence's step of an iteration: the
-    dispatcher then hands a step's responses over together, as a GPU step's tokens come out."""
+    """A paced engine's step scope (ResponseLoop.held) spans every sequence's step of an iteration: the
+    sending loop then hands a step's responses over together, as a GPU step's tokens come out."""
     entered = []
     in_step = [False]
 
@@ -661,7 +661,7 @@ def test_drain_waits_for_running_sequences_and_refuses_new_ones():
 
 
 def test_each_iteration_first_asks_whether_responses_wait_to_be_sent():
-    """wait_for_sending (the dispatcher's backlog bound) is asked before every step with the active count."""
+    """wait_for_sending (the sending loop's backlog bound) is asked before every step with the active count."""
     asked = []
     engine = build_engine(EngineSettings(synthetic=True, max_seq_len=1024, max_active_requests=4),
                           wait_for_sending=asked.append)

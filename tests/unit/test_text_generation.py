@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from bls.errors import InvalidRequest
-from bls.generation.generator import BlsConfig, TextGenerator, TextRequest, merge_streamed
+from bls.generation.generator import BlsConfig, TextGenerator, TextRequest
+from bls.response_loop import merge_streamed
 from bls.text.postprocessing import Postprocessor
 from bls.text.preprocessing import Preprocessor
 
@@ -199,22 +200,6 @@ def test_merged_responses_carry_the_same_text_and_count(bundle, models, accumula
     text = text_of(merged) if accumulate else text_of(merged) + text_of(final)
     assert text == SCRIPT_TEXT
     assert merged["num_output_tokens"][0, 0] == sink.responses[-2]["num_output_tokens"][0, 0]
-
-
-def test_merged_responses_join_per_token_outputs_and_keep_rows_apart():
-    def row(index):
-        return np.array([[index]], np.int32)
-
-    first = {"text_output": np.array([b"a"], dtype=object), "output_log_probs": np.array([[-1.0]], np.float32),
-             "cum_log_probs": np.array([[-1.0]], np.float32), "batch_index": row(0)}
-    second = {"text_output": np.array([b"b"], dtype=object), "output_log_probs": np.array([[-2.0]], np.float32),
-              "cum_log_probs": np.array([[-3.0]], np.float32), "batch_index": row(0)}
-    merged = merge_streamed(first, second, accumulate=False)
-    assert merged["text_output"].tolist() == [b"ab"]
-    assert merged["output_log_probs"].tolist() == [[-1.0, -2.0]]
-    assert merged["cum_log_probs"].tolist() == [[-3.0]]  # a running value: the later one
-    assert merge_streamed(first, {**second, "batch_index": row(1)}, accumulate=False) is None
-    assert merge_streamed(first, {k: v for k, v in second.items() if k != "batch_index"}, accumulate=False) is None
 
 
 @pytest.mark.parametrize("inputs, field", [

@@ -25,10 +25,10 @@ from bls.generation.generator import (
     GenerationObserver,
     TextGenerator,
     TextRequest,
-    merge_streamed,
 )
 from bls.llm_metrics import GenerationMetrics, RequestTiming
 from bls.model_parameters import model_parameters, parse_bool, parse_positive_int
+from bls.response_loop import merge_streamed
 from bls.server_watch import exit_with_server
 from bls.text.tokenizer import TokenizerBundle
 from bls.transports import InProcessTransport, RelayTransport
