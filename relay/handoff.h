@@ -34,6 +34,7 @@
 #include <deque>
 #include <unordered_set>
 
+#include "merge.h"
 #include "relay.h"
 #include "request_metrics.h"
 
@@ -54,9 +55,13 @@ class Handoff : public ModelRole {
  private:
   // An engine response (null with the final flag alone) on its way to a sender.
   struct Delivery {
-    HandoffStream* stream;
-    TRITONSERVER_InferenceResponse* response;
-    uint32_t flags;
+    HandoffStream* stream = nullptr;
+    TRITONSERVER_InferenceResponse* response = nullptr;
+    uint32_t flags = 0;
+    // Read on the sender's thread (ReadOutputs), for a response without an error:
+    EngineOutputs outputs;
+    std::string failure;  // why its outputs could not be read ("" when they were)
+    bool mergeable = false;  // merge.h: Mergeable
   };
   struct Sender {
     std::mutex mutex;
@@ -74,8 +79,11 @@ class Handoff : public ModelRole {
   // Builds the engine request and hands it to Triton: "" or why not, and the code its client gets (the engine's own
   // refusal passes as it is).
   std::string Start(HandoffStream* stream, TRITONSERVER_Error_Code* code);
+  // A sender's thread: takes its whole queue at once, and sends each stream's responses of it that may merge
+  // (merge.h) as one response, the others as they came.
   void Send(Sender* sender);
-  void Deliver(const Delivery& delivery);
+  static void ReadOutputs(Delivery* delivery);
+  void Deliver(const std::vector<Delivery*>& group);
   static void OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
   static void OnEngineReleased(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
   // Once the engine request is released and the stream's final response has gone: the stream is forgotten and the
