@@ -437,8 +437,11 @@ void Handoff::ReadTiming(HandoffStream* stream) {
   if (ReadScalar(stream->request, "request_output_len", &value)) timing.max_tokens = value;
   bool flag = false;
   timing.streaming = ReadScalar(stream->request, "streaming", &flag) && flag;
-  timing.prompt_in_output = ReadScalar(stream->request, "exclude_input_in_output", &flag) ? !flag
-                                                                                          : EngineRepeatsPrompt();
+  // A stream never repeats the prompt, whatever exclude_input_in_output says (TensorRT-LLM's LlmRequest::createResult
+  // streams from the last token sent, which starts at the prompt's end), so only a unary response can.
+  timing.prompt_in_output =
+      !timing.streaming && (ReadScalar(stream->request, "exclude_input_in_output", &flag) ? !flag
+                                                                                          : EngineRepeatsPrompt());
 }
 
 bool Handoff::EngineRepeatsPrompt() {
