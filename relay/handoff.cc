@@ -38,9 +38,12 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
-  // The request asked for the stream-state output (the ensemble does) and its text is one sequence: streaming, batch
-  // 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream gets no state, so
-  // postprocessing decodes each response alone, as NVIDIA's does.
+  // The stream is one sequence: batch 1, beam width 1, one return sequence. Only such a stream's responses merge
+  // (merge.h): those of different sequences never do, whatever outputs they carry.
+  bool one_sequence = false;
+  // The request asked for the stream-state output (the ensemble does), streams, and is one sequence; the FINAL flag
+  // then ends the sequence. Any other stream gets no state, so postprocessing decodes each response alone, as
+  // NVIDIA's does.
   bool exact_text = false;
   // The stream has met a token that is part of a character: from then on every response carries the state.
   bool stateful = false;
@@ -385,14 +388,15 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
     }
     if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
   }
-  if (failure.empty() && text_state) {
+  if (failure.empty()) {
     bool streaming = false;
     int32_t beam_width = 1;
     int32_t sequences = 1;
     ReadScalar(request, "streaming", &streaming);
     ReadScalar(request, "beam_width", &beam_width);
     ReadScalar(request, "num_return_sequences", &sequences);
-    stream->exact_text = streaming && BatchSize(request) == 1 && beam_width <= 1 && sequences <= 1;
+    stream->one_sequence = BatchSize(request) == 1 && beam_width <= 1 && sequences <= 1;
+    stream->exact_text = text_state && streaming && stream->one_sequence;
   }
   if (failure.empty()) failure = CopyCorrelationId(request, engine_request);
   uint32_t flags = 0;
@@ -527,7 +531,7 @@ void Handoff::ReadOutputs(Delivery* delivery) {
   for (uint32_t i = 0; delivery->failure.empty() && i < count; ++i) {
     delivery->failure = ReadOutput(response, i, &delivery->outputs[i]);
   }
-  delivery->mergeable = delivery->failure.empty() && Mergeable(delivery->outputs);
+  delivery->mergeable = delivery->stream->one_sequence && delivery->failure.empty() && Mergeable(delivery->outputs);
 }
 
 void Handoff::Deliver(const std::vector<Delivery*>& group) {

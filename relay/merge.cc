@@ -38,7 +38,8 @@ bool ScalarInt32(const ResponseOutput& output, int32_t* value) {
 }
 
 bool IsLastValue(const ResponseOutput& output) {
-  return std::any_of(std::begin(kLastValue), std::end(kLastValue), [&](const char* name) { return Named(output, name); });
+  return std::any_of(std::begin(kLastValue), std::end(kLastValue),
+                     [&](const char* name) { return Named(output, name); });
 }
 
 }  // namespace
