@@ -3,8 +3,9 @@
 //
 // The merged response is what TensorRT-LLM 1.2.1's C++ backend sends for a step that produced all their tokens
 // at once (as a streamed response of speculative decoding carries several): its streamed response is built in
-// triton_backend/inflight_batcher_llm/src/model_instance_state.cc (fillTritonResponse) from the executor's Result,
-// which cpp/tensorrt_llm/batch_manager/llmRequest.cpp (LlmRequest::createResult) fills. Per output:
+// triton_backend/inflight_batcher_llm/src/model_instance_state.cc (fillTritonResponse; read at 0c8de69) from the
+// executor's Result, which cpp/tensorrt_llm/batch_manager/llmRequest.cpp (LlmRequest::createResult; read at 119c6e6,
+// the one stored copy) fills. Per output:
 // - output_ids [1, beam, n]: a streamed response's tokens are those since the last response (createResult:
 //   maxNbTokens - getMaxSentTokenLen), so the merged ids are the responses' ids in order;
 // - sequence_length [1, beam]: each beam's length in that response (fillTritonResponse: beamLength[i] =
@@ -16,9 +17,10 @@
 //   arrival_time_ns, first_scheduled_time_ns, first_token_time_ns, last_token_time_ns, acceptance_rate,
 //   total_accepted_draft_tokens, total_draft_tokens), [1, 1] each: the request's mPerfMetrics as they stand when
 //   the response is made (createResult: result.requestPerfMetrics = mPerfMetrics), so the last response's.
-// Any other output keeps its response apart, sent as the engine sent it: cum_log_probs and output_log_probs (1.2.1
-// streams the whole sequence's log probs so far, createResult: result.logProbs = getLogProbs(), which the LLM API's
-// result.py takes whole, where the embedded engine streams each response's own: no one rule fits both engines),
+// Any other output keeps its response apart, sent as the engine sent it: cum_log_probs and output_log_probs
+// (createResult streams the whole sequence's log probs so far, result.logProbs = getLogProbs(), which the LLM API's
+// tensorrt_llm/executor/result.py takes whole, asserting their length is the output's; the embedded engine streams
+// each response's own: no one rule fits both engines),
 // context_logits and generation_logits, batch_index and sequence_index (several sequences share the stream),
 // context_phase_params, and any name not listed here. So does a response with more than one beam, data outside CPU
 // memory, or output_ids that sequence_length does not describe exactly ([1, 1, n] with sequence_length [[n]]).
