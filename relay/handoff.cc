@@ -2,12 +2,11 @@
 // sender threads.
 #include "handoff.h"
 
-#include <unordered_map>
-
 #include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <unordered_map>
 
 #include "merge.h"
 
