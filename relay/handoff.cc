@@ -6,6 +6,9 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <unordered_map>
+
+#include "merge.h"
 
 namespace llama3_relay {
 
@@ -34,9 +37,12 @@ struct HandoffStream {
   uint64_t arrived_ns = 0;
   bool failed = false;
   bool cancel_passed_on = false;
-  // The request asked for the stream-state output (the ensemble does) and its text is one sequence: streaming, batch
-  // 1, beam width 1, one return sequence; the FINAL flag then ends the sequence. Any other stream gets no state, so
-  // postprocessing decodes each response alone, as NVIDIA's does.
+  // The stream is one sequence: batch 1, beam width 1, one return sequence. Only such a stream's responses merge
+  // (merge.h): those of different sequences never do, whatever outputs they carry.
+  bool one_sequence = false;
+  // The request asked for the stream-state output (the ensemble does), streams, and is one sequence; the FINAL flag
+  // then ends the sequence. Any other stream gets no state, so postprocessing decodes each response alone, as
+  // NVIDIA's does.
   bool exact_text = false;
   // The stream has met a token that is part of a character: from then on every response carries the state.
   bool stateful = false;
@@ -75,34 +81,6 @@ std::string AddOutput(TRITONBACKEND_Response* response, const char* name, TRITON
   return failure;
 }
 
-// The first beam's ids of an engine response: output_ids [1, beam, len] up to sequence_length [1, beam], as
-// postprocessing decodes them.
-std::vector<int32_t> ResponseIds(TRITONSERVER_InferenceResponse* response) {
-  ResponseOutput ids, length;
-  uint32_t count = 0;
-  if (!Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count)).empty()) return {};
-  for (uint32_t i = 0; i < count; ++i) {
-    ResponseOutput output;
-    if (!ReadOutput(response, i, &output).empty()) continue;
-    if (std::strcmp(output.name, "output_ids") == 0) ids = output;
-    if (std::strcmp(output.name, "sequence_length") == 0) length = output;
-  }
-  if (ids.name == nullptr || ids.dims != 3 || ids.datatype != TRITONSERVER_TYPE_INT32 ||
-      ids.memory_type == TRITONSERVER_MEMORY_GPU) {
-    return {};
-  }
-  int64_t n = ids.shape[2];
-  if (length.name != nullptr && length.datatype == TRITONSERVER_TYPE_INT32 && length.byte_size >= sizeof(int32_t) &&
-      length.memory_type != TRITONSERVER_MEMORY_GPU) {
-    int32_t first = 0;
-    std::memcpy(&first, length.base, sizeof(first));
-    n = std::max<int64_t>(0, std::min<int64_t>(n, first));
-  }
-  if (ids.byte_size < static_cast<size_t>(n) * sizeof(int32_t)) return {};
-  const int32_t* base = static_cast<const int32_t*>(ids.base);
-  return std::vector<int32_t>(base, base + n);
-}
-
 // Whether this response carries the stream's state: from the stream's first token that is part of a character on
 // (kPartial), every response does. Before it every token was whole characters or no bytes, so nothing is pending and
 // each response decoded alone is exact. Why not only the responses around a split character: postprocessing's
@@ -139,26 +117,34 @@ std::string AddTextState(HandoffStream* stream, TRITONBACKEND_Response* response
   return failure;
 }
 
-// The engine response's outputs, copied into a response of the stream's, sent with `flags`; "" or why not.
-std::string Resend(HandoffStream* stream, TRITONSERVER_InferenceResponse* engine_response, uint32_t flags,
+// The outputs of one engine response, or of several merged into one (merge.h), in a response of the stream's,
+// sent with `flags`; "" or why not.
+std::string Resend(HandoffStream* stream, const std::vector<const EngineOutputs*>& engine_responses, uint32_t flags,
                    const std::vector<uint8_t>& token_classes) {
   TRITONBACKEND_Response* response = nullptr;
   std::string failure = Failure(TRITONBACKEND_ResponseNewFromFactory(&response, stream->factory));
-  uint32_t count = 0;
-  if (failure.empty()) failure = Failure(TRITONSERVER_InferenceResponseOutputCount(engine_response, &count));
-  for (uint32_t i = 0; failure.empty() && i < count; ++i) {
-    ResponseOutput engine_output;
-    failure = ReadOutput(engine_response, i, &engine_output);
-    // The engine's outputs are on the heap (our allocator).
-    if (failure.empty()) {
-      failure = AddOutput(response, engine_output.name, engine_output.datatype, engine_output.shape,
-                          static_cast<uint32_t>(engine_output.dims), engine_output.base, engine_output.byte_size);
+  std::vector<int32_t> ids;
+  if (engine_responses.size() == 1) {  // as the engine sent it (the engine's outputs are on the heap: our allocator)
+    for (const ResponseOutput& output : *engine_responses.front()) {
+      if (failure.empty()) {
+        failure = AddOutput(response, output.name, output.datatype, output.shape, static_cast<uint32_t>(output.dims),
+                            output.base, output.byte_size);
+      }
     }
+    if (stream->exact_text) ids = FirstBeamIds(*engine_responses.front());
+  } else {
+    MergedResponse merged;
+    Merge(engine_responses, &merged);
+    for (const MergedOutput& output : merged.outputs) {
+      if (failure.empty()) {
+        failure = AddOutput(response, output.name, output.datatype, output.shape.data(),
+                            static_cast<uint32_t>(output.shape.size()), output.data, output.byte_size);
+      }
+    }
+    ids = std::move(merged.ids);  // exact text: the merged ids, as one response's
   }
   const bool final = (flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
-  if (failure.empty() && stream->exact_text) {
-    failure = AddTextState(stream, response, ResponseIds(engine_response), final, token_classes);
-  }
+  if (failure.empty() && stream->exact_text) failure = AddTextState(stream, response, ids, final, token_classes);
   if (failure.empty()) {
     failure = Failure(TRITONBACKEND_ResponseSend(response, flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL, nullptr));
   } else if (response != nullptr) {
@@ -202,19 +188,6 @@ bool ReadScalar(TRITONBACKEND_Request* request, const char* name, T* value) {
   }
   std::memcpy(value, buffer, sizeof(T));
   return true;
-}
-
-// Tokens in the engine response's output_ids (its last dimension; one beam's), 0 if it has none.
-int64_t OutputTokens(TRITONSERVER_InferenceResponse* response) {
-  uint32_t count = 0;
-  if (!Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count)).empty()) return 0;
-  for (uint32_t i = 0; i < count; ++i) {
-    ResponseOutput output;
-    if (ReadOutput(response, i, &output).empty() && std::strcmp(output.name, "output_ids") == 0) {
-      return output.dims == 0 ? 0 : output.shape[output.dims - 1];
-    }
-  }
-  return 0;
 }
 
 // The batch size of the request (its input_lengths' first dimension), 0 if unknown.
@@ -414,14 +387,15 @@ std::string Handoff::Start(HandoffStream* stream, TRITONSERVER_Error_Code* code)
     }
     if (failure.empty()) failure = Failure(TRITONSERVER_InferenceRequestAddRequestedOutput(engine_request, name));
   }
-  if (failure.empty() && text_state) {
+  if (failure.empty()) {
     bool streaming = false;
     int32_t beam_width = 1;
     int32_t sequences = 1;
     ReadScalar(request, "streaming", &streaming);
     ReadScalar(request, "beam_width", &beam_width);
     ReadScalar(request, "num_return_sequences", &sequences);
-    stream->exact_text = streaming && BatchSize(request) == 1 && beam_width <= 1 && sequences <= 1;
+    stream->one_sequence = BatchSize(request) == 1 && beam_width <= 1 && sequences <= 1;
+    stream->exact_text = text_state && streaming && stream->one_sequence;
   }
   if (failure.empty()) failure = CopyCorrelationId(request, engine_request);
   uint32_t flags = 0;
@@ -466,8 +440,11 @@ void Handoff::ReadTiming(HandoffStream* stream) {
   if (ReadScalar(stream->request, "request_output_len", &value)) timing.max_tokens = value;
   bool flag = false;
   timing.streaming = ReadScalar(stream->request, "streaming", &flag) && flag;
-  timing.prompt_in_output = ReadScalar(stream->request, "exclude_input_in_output", &flag) ? !flag
-                                                                                          : EngineRepeatsPrompt();
+  // A stream never repeats the prompt, whatever exclude_input_in_output says (TensorRT-LLM's LlmRequest::createResult
+  // streams from the last token sent, which starts at the prompt's end), so only a unary response can.
+  timing.prompt_in_output =
+      !timing.streaming && (ReadScalar(stream->request, "exclude_input_in_output", &flag) ? !flag
+                                                                                          : EngineRepeatsPrompt());
 }
 
 bool Handoff::EngineRepeatsPrompt() {
@@ -496,7 +473,10 @@ void Handoff::OnEngineResponse(TRITONSERVER_InferenceResponse* response, const u
   {
     std::unique_lock<std::mutex> lock(sender->mutex);
     sender->room.wait(lock, [&] { return sender->queue.size() < kMaxQueued || handoff->stopping_; });
-    sender->queue.push_back({stream, response, flags});
+    Delivery& delivery = sender->queue.emplace_back();
+    delivery.stream = stream;
+    delivery.response = response;
+    delivery.flags = flags;
   }
   sender->ready.notify_one();
 }
@@ -508,6 +488,8 @@ void Handoff::OnEngineReleased(TRITONSERVER_InferenceRequest*, const uint32_t, v
 
 void Handoff::Send(Sender* sender) {
   std::deque<Delivery> batch;
+  std::vector<std::vector<Delivery*>> groups;  // each sent as one response, in the order of its first delivery
+  std::unordered_map<HandoffStream*, size_t> open;  // a stream's group that the stream's next response may join
   while (true) {
     {
       std::unique_lock<std::mutex> lock(sender->mutex);
@@ -516,14 +498,46 @@ void Handoff::Send(Sender* sender) {
       batch.swap(sender->queue);
     }
     sender->room.notify_all();
-    for (const Delivery& delivery : batch) Deliver(delivery);
+    // Only what waits together merges: a stream whose responses each find the sender idle gets each alone.
+    for (Delivery& delivery : batch) {
+      ReadOutputs(&delivery);
+      const auto joined = open.find(delivery.stream);
+      if (joined != open.end() && delivery.mergeable &&
+          MergesWith(groups[joined->second].front()->outputs, delivery.outputs)) {
+        groups[joined->second].push_back(&delivery);
+      } else {
+        groups.push_back({&delivery});
+        open[delivery.stream] = groups.size() - 1;
+      }
+      // Nothing joins a response that is not Mergeable (errors among them), nor follows a final one.
+      if (!delivery.mergeable || (delivery.flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0) {
+        open.erase(delivery.stream);
+      }
+    }
+    for (const std::vector<Delivery*>& group : groups) Deliver(group);
+    groups.clear();
+    open.clear();
     batch.clear();
   }
 }
 
-void Handoff::Deliver(const Delivery& delivery) {
-  HandoffStream* stream = delivery.stream;
-  const bool final = (delivery.flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
+void Handoff::ReadOutputs(Delivery* delivery) {
+  TRITONSERVER_InferenceResponse* response = delivery->response;
+  if (response == nullptr || TRITONSERVER_InferenceResponseError(response) != nullptr) return;
+  uint32_t count = 0;
+  delivery->failure = Failure(TRITONSERVER_InferenceResponseOutputCount(response, &count));
+  delivery->outputs.resize(count);
+  for (uint32_t i = 0; delivery->failure.empty() && i < count; ++i) {
+    delivery->failure = ReadOutput(response, i, &delivery->outputs[i]);
+  }
+  delivery->mergeable = delivery->stream->one_sequence && delivery->failure.empty() && Mergeable(delivery->outputs);
+}
+
+void Handoff::Deliver(const std::vector<Delivery*>& group) {
+  // One delivery, or several Mergeable ones of one stream, of which only the last may be final.
+  const Delivery& last = *group.back();
+  HandoffStream* stream = last.stream;
+  const bool final = (last.flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL) != 0;
   if (stream->factory != nullptr && exiting_) {
     // Its engine request was cancelled (WatchForShutdown), unless it started after: nobody reads the rest.
     if (!final) LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
@@ -538,19 +552,24 @@ void Handoff::Deliver(const Delivery& delivery) {
       stream->cancel_passed_on = true;
       LogFailure(TRITONSERVER_InferenceRequestCancel(stream->engine_request), "cancelling the engine request");
     }
-    TRITONSERVER_Error* error =
-        delivery.response == nullptr ? nullptr : TRITONSERVER_InferenceResponseError(delivery.response);
-    if (error != nullptr) {  // owned by the response: not deleted here
+    TRITONSERVER_Error* error = last.response == nullptr ? nullptr : TRITONSERVER_InferenceResponseError(last.response);
+    if (error != nullptr) {  // owned by the response: not deleted here (never merged: the group is this alone)
       SendError(stream, TRITONSERVER_ErrorCode(error), TRITONSERVER_ErrorMessage(error));
-    } else if (delivery.response != nullptr) {
-      if (metrics_ != nullptr) {
-        int64_t tokens = OutputTokens(delivery.response);
+    } else if (last.response != nullptr) {
+      std::vector<const EngineOutputs*> responses;
+      int64_t tokens = 0;
+      for (const Delivery* delivery : group) {
+        responses.push_back(&delivery->outputs);
+        tokens += OutputTokens(delivery->outputs);
+      }
+      if (metrics_ != nullptr) {  // what the client receives: a merged response's tokens arrive together
         if (stream->timing.first_token_ns == 0 && stream->timing.prompt_in_output) {
           tokens -= stream->timing.prompt_tokens;
         }
         metrics_->OnTokens(&stream->timing, tokens, NowNs());
       }
-      const std::string failure = Resend(stream, delivery.response, delivery.flags, token_classes_);
+      const std::string failure =
+          last.failure.empty() ? Resend(stream, responses, last.flags, token_classes_) : last.failure;
       if (!failure.empty()) {
         SendError(stream, TRITONSERVER_ERROR_INTERNAL, model_name_ + ": " + failure);
         // Nobody reads the rest: the engine stops.
@@ -569,7 +588,11 @@ void Handoff::Deliver(const Delivery& delivery) {
       stream->factory = nullptr;
     }
   }
-  if (delivery.response != nullptr) LogFailure(TRITONSERVER_InferenceResponseDelete(delivery.response), "engine response");
+  for (const Delivery* delivery : group) {
+    if (delivery->response != nullptr) {
+      LogFailure(TRITONSERVER_InferenceResponseDelete(delivery->response), "engine response");
+    }
+  }
   if (final) Done(stream);
 }
 

@@ -11,10 +11,16 @@
 // What it does: each request is forwarded unchanged (inputs by reference, requested outputs, id, correlation id,
 // flags, timeout, parameters) to the engine (config parameter `handoff_to`) in-process. The engine's thread only
 // queues each of its responses; `sender_threads` threads re-send them on the ensemble's request, which runs the
-// ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. Errors are
-// passed on as they are. Exact streamed text: to a request that asks for its own output preceding_ids (the ensemble
-// does; not passed to the engine), it adds it to every response from the stream's first token that is part of a
-// character on (told by a byte per token id that make repo writes from the tokenizer): the stream's last ids
+// ensemble's scheduling there. A stream's responses all go through one sender, in the order they came. A sender
+// takes its whole queue at once; the responses of one stream in it that merge.h allows to merge (a stream of one
+// sequence: batch 1, one beam, one return sequence; token ids, counts and perf metrics only: what TensorRT-LLM
+// 1.2.1's backend sends for a step, merge.h cites where) go out as one response, as the backend would have sent
+// them had the engine made their tokens in one step, so that Triton schedules the ensemble's later steps
+// (postprocessing among them) once for them: the ensemble's work per token falls when it falls behind the engine.
+// Nothing waits to be merged: a stream whose responses each find the sender idle gets one response per token, as
+// the engine sent them. Errors are passed on as they are (never merged). Exact streamed text: to a request that
+// asks for its own output preceding_ids (the ensemble does; not passed to the engine), it adds it to every response
+// (a merged one's ids taken as one response's) from the stream's first token that is part of a character on (told by a byte per token id that make repo writes from the tokenizer): the stream's last ids
 // before this response, then -1 where the stream ends here, from which postprocessing decodes complete characters
 // only; the responses before it (whole characters only: English text throughout) are decoded alone, as NVIDIA's are
 // (bls/contract.py HANDOFF_TEXT_STATE; docs/design.md, "Streaming through the ensemble"). Cancellation: Triton's
@@ -34,6 +40,7 @@
 #include <deque>
 #include <unordered_set>
 
+#include "merge.h"
 #include "relay.h"
 #include "request_metrics.h"
 
@@ -54,9 +61,13 @@ class Handoff : public ModelRole {
  private:
   // An engine response (null with the final flag alone) on its way to a sender.
   struct Delivery {
-    HandoffStream* stream;
-    TRITONSERVER_InferenceResponse* response;
-    uint32_t flags;
+    HandoffStream* stream = nullptr;
+    TRITONSERVER_InferenceResponse* response = nullptr;
+    uint32_t flags = 0;
+    // Read on the sender's thread (ReadOutputs), for a response without an error:
+    EngineOutputs outputs;
+    std::string failure;  // why its outputs could not be read ("" when they were)
+    bool mergeable = false;  // merge.h: Mergeable, and its stream is one sequence
   };
   struct Sender {
     std::mutex mutex;
@@ -74,8 +85,11 @@ class Handoff : public ModelRole {
   // Builds the engine request and hands it to Triton: "" or why not, and the code its client gets (the engine's own
   // refusal passes as it is).
   std::string Start(HandoffStream* stream, TRITONSERVER_Error_Code* code);
+  // A sender's thread: takes its whole queue at once, and sends each stream's responses of it that may merge
+  // (merge.h) as one response, the others as they came.
   void Send(Sender* sender);
-  void Deliver(const Delivery& delivery);
+  static void ReadOutputs(Delivery* delivery);
+  void Deliver(const std::vector<Delivery*>& group);
   static void OnEngineResponse(TRITONSERVER_InferenceResponse* response, const uint32_t flags, void* userp);
   static void OnEngineReleased(TRITONSERVER_InferenceRequest* request, const uint32_t flags, void* userp);
   // Once the engine request is released and the stream's final response has gone: the stream is forgotten and the

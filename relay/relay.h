@@ -48,8 +48,8 @@
 //
 // The code, by responsibility: frames.{h,cc} (the layout, relay/frames.md), streams.cc (client requests and
 // their children), child_request.cc (a received request copied onto a new one), engine_calls.cc, socket_loop.cc
-// (the socket, its peers, the reader thread), handoff.{h,cc}, backend.cc (Triton's entry points and the model's
-// config).
+// (the socket, its peers, the reader thread), handoff.{h,cc} (merge.{h,cc}: a stream's waiting responses as one),
+// backend.cc (Triton's entry points and the model's config).
 #pragma once
 
 #include <atomic>

@@ -27,7 +27,7 @@ struct RequestTiming {
   int64_t prompt_tokens = 0;
   int64_t max_tokens = 0;  // request_output_len
   bool streaming = false;
-  bool prompt_in_output = false;  // exclude_input_in_output false: the (first) response repeats the prompt
+  bool prompt_in_output = false;  // unstreamed with exclude_input_in_output false: the response repeats the prompt
   uint64_t first_token_ns = 0;
   uint64_t last_token_ns = 0;
   int64_t first_response_tokens = 0;

@@ -262,6 +262,9 @@ def _unpaced_rows(ctx: BenchContext) -> list[Row]:
         # the client received per generated token says how much (1.0: one per token, as the engine sends).
         rows.append(Row(f"{clients:>3} streams: BLS responses per token",
                         _responses_per_token(runs[BLS_MODEL]), "x"))
+        # The handoff merges an ensemble stream's engine responses that wait together for its sender (relay/handoff.h).
+        rows.append(Row(f"{clients:>3} streams: ensemble responses per token",
+                        _responses_per_token(runs["ensemble"]), "x"))
         rows.append(Row(f"{clients:>3} streams: engine alone first token p50",
                         _first_token_p50_ms(runs["tensorrt_llm"]), "ms"))
         rows.append(Row(f"{clients:>3} streams: BLS first token p50",
@@ -330,6 +333,7 @@ def _paced_rows(ctx: BenchContext) -> list[Row]:
         # Paced like a GPU, the BLS keeps up and sends every token in a response of its own: its CPU per token
         # here is the cost of one response per token, with no merging to lower it (the throughput runs merge).
         rows.append(Row(f"{label}: BLS responses per token", _responses_per_token(bls), "x"))
+        rows.append(Row(f"{label}: ensemble responses per token", _responses_per_token(ensemble), "x"))
         rows.append(Row(f"{label}: CPU per token, BLS (Python + relay)", _bls_cpu_us_per_token(bls), "µs",
                         BLS_CPU_TARGET))
         rows.append(Row(f"{label}: CPU per token, tritonserver (BLS run; incl. both relays)",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 from bls.artifact import MANIFEST, file_checksums
@@ -24,9 +25,11 @@ def compile_command(library: Path) -> list[str]:
     return backend_compile_command(library, sorted(SOURCE_DIR.glob("*.cc")))
 
 
-def install(repo: Path, step_ms: float, max_active_requests: int, max_queued_requests: int) -> Path:
+def install(repo: Path, step_ms: float, max_active_requests: int, max_queued_requests: int,
+            text_cycle: Sequence[int] = TEXT_CYCLE) -> Path:
     """Replace the built repository's `tensorrt_llm` (the synthetic embedded engine, not behind a relay) by the C++
-    bench engine; the repository's manifest is brought up to date (its models verify their files against it)."""
+    bench engine, generating `text_cycle` (the synthetic engine's text unless a test needs other tokens); the
+    repository's manifest is brought up to date (its models verify their files against it)."""
     repo = Path(repo).resolve()
     manifest = read_manifest(repo)
     if not manifest.get("synthetic") or manifest.get("engine_relay") or manifest.get("draft"):
@@ -47,7 +50,7 @@ def install(repo: Path, step_ms: float, max_active_requests: int, max_queued_req
         "step_ms": step_ms,
         "max_active_requests": max_active_requests,
         "max_queued_requests": max_queued_requests,
-        "text_cycle": ",".join(map(str, TEXT_CYCLE)),
+        "text_cycle": ",".join(map(str, text_cycle)),
         "thread_name": THREAD_NAME,
     }
     (model / "config.pbtxt").write_text(render_model_config(SOURCE_DIR / "config.pbtxt", values,
