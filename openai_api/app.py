@@ -390,6 +390,11 @@ def _chat_guide(body: ChatCompletionRequest) -> tuple[str, str | None] | None:
     return "json_schema", json.dumps(body.response_format.json_schema.schema_)
 
 
+# A str as JSON, exactly json.dumps(text, ensure_ascii=False): the C function that call ends in (CPython's
+# json.encoder.JSONEncoder.encode for a str), without making an encoder for each streamed response.
+_json_string = json.encoder.encode_basestring
+
+
 def _sse(chunk: dict) -> str:
     return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
@@ -436,7 +441,7 @@ class _Shapes:
         """The server-sent events of one event. A text delta without log probabilities, nearly every event of a
         stream, is written from a prefix made once (the same JSON as the dict path, without building it)."""
         if isinstance(event, Delta) and not self.logprobs:
-            return f"{self._text_prefixes[event.index]}{json.dumps(event.text, ensure_ascii=False)}{self._text_suffix}"
+            return f"{self._text_prefixes[event.index]}{_json_string(event.text)}{self._text_suffix}"
         return "".join(_sse(chunk) for chunk in self.chunks(event))
 
     def _text_line_parts(self, text_key: str) -> None:
