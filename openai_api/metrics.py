@@ -74,7 +74,7 @@ class ApiMetrics:
 class GatheredObservations:
     """One histogram series' observations gathered by one stream and added to it together (flush): the same bucket
     counts, count and sum as an observe() each. An observe() in prometheus_client's multiprocess mode is two locked
-    writes to an mmap'd file (the sum, a bucket), each with a getpid() check: ~2 µs of every streamed response in the
+    writes to an mmap'd file (the sum, a bucket), each with a getpid() check: ~1.6 µs of every streamed response in the
     API (issue 49; docs/benchmarks.md), against ~0.2 µs here. A flush adds to the values observe() adds to (the
     Histogram child's _sum and _buckets, bucket i counting amounts <= _upper_bounds[i], the last +Inf:
     prometheus_client 0.23.1's metrics.py, the version pyproject pins)."""
