@@ -19,7 +19,7 @@ TEST_SETUP := $(TEST_VENV)/.installed
 else
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
-INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test,api]"
+INSTALL := $(PY) -m pip install -q -e ".[server,engine,assets,quantize,test,api,dev]"
 TEST_PY := $(PY)
 TEST_SETUP := setup
 endif

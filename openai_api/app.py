@@ -7,6 +7,7 @@ Responses and stream chunks have the shapes of the official `openai` package's t
 from __future__ import annotations
 
 import asyncio
+import gc
 import hmac
 import json
 import logging
@@ -82,6 +83,10 @@ def create_app(settings: Settings) -> FastAPI:
         state["bls"] = TritonBls(settings.triton_grpc)
         log.info("serving %r (LoRA adapters: %s) from tensorrt_llm_bls at %s", settings.model_name,
                  ", ".join(settings.adapters) or "none", settings.triton_grpc)
+        # What the worker holds by now (modules, the app, pydantic's and FastAPI's tables: most of its heap) is out of
+        # the garbage collector's full collections from here on: each one scanned it all, a 35-65 ms pause of every
+        # stream, one in the first 65-130k streamed responses of a worker (issue 49, tools/api_cost.py).
+        gc.freeze()
         yield
         await state["bls"].close()
         metrics.close()
@@ -390,6 +395,11 @@ def _chat_guide(body: ChatCompletionRequest) -> tuple[str, str | None] | None:
     return "json_schema", json.dumps(body.response_format.json_schema.schema_)
 
 
+# A str as JSON, exactly json.dumps(text, ensure_ascii=False): the C function that call ends in (CPython's
+# json.encoder.JSONEncoder.encode for a str), without making an encoder for each streamed response.
+_json_string = json.encoder.encode_basestring
+
+
 def _sse(chunk: dict) -> str:
     return f"data: {json.dumps(chunk, ensure_ascii=False, separators=(',', ':'))}\n\n"
 
@@ -436,7 +446,7 @@ class _Shapes:
         """The server-sent events of one event. A text delta without log probabilities, nearly every event of a
         stream, is written from a prefix made once (the same JSON as the dict path, without building it)."""
         if isinstance(event, Delta) and not self.logprobs:
-            return f"{self._text_prefixes[event.index]}{json.dumps(event.text, ensure_ascii=False)}{self._text_suffix}"
+            return f"{self._text_prefixes[event.index]}{_json_string(event.text)}{self._text_suffix}"
         return "".join(_sse(chunk) for chunk in self.chunks(event))
 
     def _text_line_parts(self, text_key: str) -> None:

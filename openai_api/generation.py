@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from openai_api.metrics import ApiMetrics
+from openai_api.metrics import ApiMetrics, GatheredObservations
 from openai_api.stops import StopStrings
 from openai_api.tools import ForcedCallStream, may_be_call, parse_calls
 from openai_api.triton import TritonBls, scalar, text
@@ -137,65 +137,70 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
     held_logprobs: list[tuple[str, float]] = []
     last_text_at = None
     time_to_first_token = metrics.time_to_first_token.labels(model)
-    inter_token_latency = metrics.inter_token_latency.labels(model)
-    async with aclosing(bls.generate(inputs)) as responses:
-        async for response in responses:
-            if response.text:
-                now = time.monotonic()
-                if last_text_at is None:
-                    time_to_first_token.observe(now - arrived)
-                else:
-                    inter_token_latency.observe(now - last_text_at)
-                last_text_at = now
-            out = stop.push(response.text)
-            if response.finish_reason is not None:
-                out += stop.finish()
-            logprobs = _token_logprobs(response.text, response.log_probs)
-            if forced is not None:
-                held_logprobs += logprobs
-                name, arguments = forced.push(out)
-                if name is not None:
-                    yield CallStart(index, 0, name)
-                if arguments:
-                    yield CallArguments(index, 0, arguments)
-            elif holding:
-                held += out
-                held_logprobs += logprobs
-                if not may_be_call(held):
-                    holding = False
-                    out, logprobs, held, held_logprobs = held, held_logprobs, "", []
-            if forced is None and not holding and (out or logprobs):
-                yield Delta(index, out, logprobs)
-            if response.finish_reason is None:
-                continue
-            reason = "stop" if stop.stopped else response.finish_reason
-            if forced is not None:
-                if forced.name is None:  # cut short before the call's name: what there is, as text
-                    yield Delta(index, forced.text, held_logprobs)
-                else:
-                    rest = forced.finish()
-                    if rest:
-                        yield CallArguments(index, 0, rest)
-                    if held_logprobs:
-                        yield Delta(index, "", held_logprobs)
-                    reason = "tool_calls" if reason == "stop" else reason
-            elif holding:
-                calls = parse_calls(held, set(tools.names))
-                if calls:
-                    for position, call in enumerate(calls):
-                        yield CallStart(index, position, call.name)
-                        yield CallArguments(index, position, call.arguments)
-                    if held_logprobs:
-                        yield Delta(index, "", held_logprobs)
-                    reason = "tool_calls" if reason == "stop" else reason
-                elif held or held_logprobs:
-                    yield Delta(index, held, held_logprobs)
-            prompt_tokens, completion_tokens = response.num_input_tokens or 0, response.num_output_tokens or 0
-            metrics.request_duration.labels(model).observe(time.monotonic() - arrived)
-            metrics.prompt_tokens.labels(model).inc(prompt_tokens)
-            metrics.generation_tokens.labels(model).inc(completion_tokens)
-            metrics.finished.labels(model, reason).inc()
-            yield End(index, reason, prompt_tokens, completion_tokens)
+    # Every gap observed, gathered per stream and added to the histogram in batches (GatheredObservations).
+    inter_token_latency = GatheredObservations(metrics.inter_token_latency.labels(model))
+    try:
+        async with aclosing(bls.generate(inputs)) as responses:
+            async for response in responses:
+                if response.text:
+                    now = time.monotonic()
+                    if last_text_at is None:
+                        time_to_first_token.observe(now - arrived)
+                    else:
+                        inter_token_latency.observe(now - last_text_at)
+                    last_text_at = now
+                out = stop.push(response.text)
+                if response.finish_reason is not None:
+                    out += stop.finish()
+                logprobs = _token_logprobs(response.text, response.log_probs)
+                if forced is not None:
+                    held_logprobs += logprobs
+                    name, arguments = forced.push(out)
+                    if name is not None:
+                        yield CallStart(index, 0, name)
+                    if arguments:
+                        yield CallArguments(index, 0, arguments)
+                elif holding:
+                    held += out
+                    held_logprobs += logprobs
+                    if not may_be_call(held):
+                        holding = False
+                        out, logprobs, held, held_logprobs = held, held_logprobs, "", []
+                if forced is None and not holding and (out or logprobs):
+                    yield Delta(index, out, logprobs)
+                if response.finish_reason is None:
+                    continue
+                reason = "stop" if stop.stopped else response.finish_reason
+                if forced is not None:
+                    if forced.name is None:  # cut short before the call's name: what there is, as text
+                        yield Delta(index, forced.text, held_logprobs)
+                    else:
+                        rest = forced.finish()
+                        if rest:
+                            yield CallArguments(index, 0, rest)
+                        if held_logprobs:
+                            yield Delta(index, "", held_logprobs)
+                        reason = "tool_calls" if reason == "stop" else reason
+                elif holding:
+                    calls = parse_calls(held, set(tools.names))
+                    if calls:
+                        for position, call in enumerate(calls):
+                            yield CallStart(index, position, call.name)
+                            yield CallArguments(index, position, call.arguments)
+                        if held_logprobs:
+                            yield Delta(index, "", held_logprobs)
+                        reason = "tool_calls" if reason == "stop" else reason
+                    elif held or held_logprobs:
+                        yield Delta(index, held, held_logprobs)
+                prompt_tokens, completion_tokens = response.num_input_tokens or 0, response.num_output_tokens or 0
+                inter_token_latency.flush()
+                metrics.request_duration.labels(model).observe(time.monotonic() - arrived)
+                metrics.prompt_tokens.labels(model).inc(prompt_tokens)
+                metrics.generation_tokens.labels(model).inc(completion_tokens)
+                metrics.finished.labels(model, reason).inc()
+                yield End(index, reason, prompt_tokens, completion_tokens)
+    finally:  # the client left, a stop string was met, an error: the gaps gathered so far still count
+        inter_token_latency.flush()
 
 
 def _token_logprobs(delta: str, log_probs: list[float]) -> list[tuple[str, float]]:
