@@ -2,7 +2,7 @@
 // tested against the same bytes): every kind read as relay/frames.md lays it out, the kinds the relay writes
 // written byte for byte, the stream token as Python's hmac computes it, and hostile input (every truncation,
 // trailing bytes, impossible fields and lengths, random bytes, mutated frames) refused without a crash.
-// tests/unit/test_relay_frames_cpp.py compiles it with sanitizers and runs it: frames_test <fixture dir>.
+// tests/unit/test_relay_cpp.py compiles it with sanitizers and runs it: frames_test <fixture dir>.
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -11,22 +11,13 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "../frames.h"
 #include "../token.h"
 
 using namespace llama3_relay;
 
 namespace {
-
-int failures = 0;
-
-#define CHECK(condition)                                                           \
-  do {                                                                             \
-    if (!(condition)) {                                                            \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                                  \
-    }                                                                              \
-  } while (0)
 
 std::string fixtures;
 
@@ -309,10 +300,5 @@ int main(int argc, char** argv) {
   TestImpossibleFieldsAreRefused();
   TestTheSplitterRefusesImpossibleLengths();
   TestRandomBytesNeverCrash();
-  if (failures != 0) {
-    std::fprintf(stderr, "%d checks failed\n", failures);
-    return 1;
-  }
-  std::printf("relay frames: all checks passed\n");
-  return 0;
+  return llama3_relay_tests::Finish("relay frames");
 }

@@ -1,27 +1,18 @@
 // The handoff's merge of a stream's engine responses (relay/merge.h) against what the C++ backend sends for one
 // step that produced the same tokens: every output byte for byte, the exact-text ids, and every response the
-// rules keep apart refused. tests/unit/test_relay_merge_cpp.py compiles it with sanitizers and runs it.
+// rules keep apart refused. tests/unit/test_relay_cpp.py compiles it with sanitizers and runs it.
 #include <cstdio>
 #include <cstring>
 #include <deque>
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "../merge.h"
 
 using namespace llama3_relay;
 
 namespace {
-
-int failures = 0;
-
-#define CHECK(condition)                                                                  \
-  do {                                                                                    \
-    if (!(condition)) {                                                                   \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #condition); \
-      ++failures;                                                                         \
-    }                                                                                     \
-  } while (0)
 
 // Engine responses built here: the tensors' shapes and data live as long as the builder.
 class Responses {
@@ -208,10 +199,5 @@ int main() {
   MergedResponsesAreOneStepsResponse();
   ResponsesWithOtherOutputsStayApart();
   IdsAndTokensOfOneResponse();
-  if (failures != 0) {
-    std::fprintf(stderr, "%d checks failed\n", failures);
-    return 1;
-  }
-  std::printf("all checks passed\n");
-  return 0;
+  return llama3_relay_tests::Finish("the handoff merge");
 }

@@ -1,5 +1,5 @@
 """The frames the Python BLS and the relay exchange, against the golden frames of relay/frames.md
-(tests/fixtures/relay_frames/, which the relay's C++ is tested against too: test_relay_frames_cpp.py), the checks
+(tests/fixtures/relay_frames/, which the relay's C++ is tested against too: test_relay_cpp.py), the checks
 of a request's relay parameters, and the Python end of the connection against a socket that plays the relay's end
 (the relay itself: the integration tests, test_relay_fuzz.py)."""
 
