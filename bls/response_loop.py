@@ -344,7 +344,7 @@ class ResponseLoop:
         Responses queued by other threads wake the loop's threads as always."""
         with self._lock:
             self._self_sending.add(threading.get_ident())
-            taken = self._take_round()
+            taken = self._take_round(share=False)
         for stream, items in taken:
             stream._build(items)
         self._send_round(taken)
@@ -357,7 +357,7 @@ class ResponseLoop:
                         return  # closed, and all sent
                     self._lock.wait()
                 callback = self._callbacks.popleft() if self._callbacks else None
-                taken = [] if callback else self._take_round()
+                taken = [] if callback else self._take_round(share=True)
             if callback is not None:
                 _run_callback(callback)
             else:
@@ -367,15 +367,19 @@ class ResponseLoop:
         """Whether a queued stream is not being sent by another thread (with the lock held)."""
         return any(stream not in self._sending for queue in (self._new, self._running) for stream in queue)
 
-    def _take_round(self) -> Round:
-        """Every queued stream that no thread is sending, once, new ones first, and what it sends this round;
-        one with more waiting queues again, behind the others (with the lock held)."""
+    def _take_round(self, share: bool) -> Round:
+        """Queued streams that no thread is sending, once, new ones first, and what each sends this round; one with
+        more waiting queues again, behind the others (with the lock held). `share`: a loop thread takes its share of
+        them (1/threads, at least one) and wakes another for the rest, so that the threads send side by side (the
+        BLS's four: docs/benchmarks.md); a caller of send_waiting takes them all."""
         queued = [*self._new, *self._running]
         self._new.clear()
         self._running.clear()
+        limit = -(-len(queued) // len(self._threads)) if share and self._threads else len(queued)
         taken: Round = []
+        again: list[QueuedStream] = []
         for stream in queued:
-            if stream in self._sending:  # another thread's: it keeps its place
+            if stream in self._sending or len(taken) >= limit:  # another thread's, or another thread's share
                 (self._running if stream._sent_any else self._new).append(stream)
                 continue
             items = stream._take()
@@ -383,9 +387,12 @@ class ResponseLoop:
             stream._sent_any = True
             taken.append((stream, items))
             if stream._waiting:
-                self._running.append(stream)
+                again.append(stream)
             else:
                 stream._queued = False
+        self._running.extend(again)
+        if share and len(taken) >= limit and self._takeable():
+            self._lock.notify()
         return taken
 
     def _send_round(self, taken: Round) -> None:

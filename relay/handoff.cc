@@ -530,6 +530,8 @@ void Handoff::ReadOutputs(Delivery* delivery) {
   for (uint32_t i = 0; delivery->failure.empty() && i < count; ++i) {
     delivery->failure = ReadOutput(response, i, &delivery->outputs[i]);
   }
+  // A response whose outputs could not all be read is sent as the error alone: none of its outputs is used.
+  if (!delivery->failure.empty()) delivery->outputs.clear();
   delivery->mergeable = delivery->stream->one_sequence && delivery->failure.empty() && Mergeable(delivery->outputs);
 }
 

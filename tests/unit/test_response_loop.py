@@ -191,6 +191,30 @@ def test_several_sending_threads_keep_each_stream_in_order():
         assert loop.close(5)
 
 
+def test_the_sending_threads_send_side_by_side():
+    """Streams queued together are shared among the loop's threads (each takes its share of a round and wakes
+    another for the rest), not sent by the first thread that wakes: with every send held at a gate, all four threads
+    are inside a send at once."""
+    loop = ResponseLoop(threads=4)
+    gate = threading.Event()
+    try:
+        log = []
+        transports = [Transport(f"s{i}", log, gate) for i in range(8)]
+        streams = [loop.open(transport, join_texts) for transport in transports]
+        for stream in streams:
+            stream.send(text("a"), final=True)
+        deadline = time.monotonic() + 5
+        while sum(transport.sending.is_set() for transport in transports) < 4:
+            assert time.monotonic() < deadline, [transport.sending.is_set() for transport in transports]
+            time.sleep(0.01)
+        gate.set()
+        assert all(transport.done.wait(5) for transport in transports)
+        assert len({sender for transport in transports for sender in transport.senders}) == 4
+    finally:
+        gate.set()
+        assert loop.close(5)
+
+
 def test_close_sends_what_waits():
     loop = ResponseLoop()
     log, gate = [], threading.Event()
