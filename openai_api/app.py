@@ -88,6 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
         # stream, one in the first 65-130k streamed responses of a worker (issue 49, tools/api_cost.py).
         gc.freeze()
         yield
+        gc.unfreeze()  # collectable again at exit (frozen objects are never freed: extensions report them as leaks)
         await state["bls"].close()
         metrics.close()
 
