@@ -43,8 +43,11 @@ Merge = Callable[[Tensors, Tensors], "Tensors | None"]
 log = logging.getLogger(__name__)
 
 # Per-token outputs, joined along their token axis when responses are merged (output_ids [1, 1, n],
-# output_log_probs [1, 1, n], generation_logits [1, 1, n, vocab]); a non-streamed BLS response joins them too.
-PER_TOKEN_AXIS = {"output_ids": -1, "output_log_probs": -1, "generation_logits": 2}
+# generation_logits [1, 1, n, vocab]); a non-streamed BLS response joins them too. Not output_log_probs: a
+# streamed response of TensorRT-LLM's C++ backend carries the log probs of ALL the tokens generated so far
+# (cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::createResult: `result.logProbs = getLogProbs()`, while
+# outputTokenIds start at getMaxSentTokenPos()), so the later response's replaces the earlier's, as cum_log_probs.
+PER_TOKEN_AXIS = {"output_ids": -1, "generation_logits": 2}
 # Token counts: a running total in the BLS's streamed responses, the response's own count in the engine's.
 TOKEN_COUNTS = ("sequence_length", "num_output_tokens")
 
@@ -54,8 +57,9 @@ def merge_streamed(earlier: Tensors, later: Tensors, accumulate: bool = False,
     """Two streamed responses of one stream as one: the text deltas joined (accumulating: the later, whole text),
     per-token outputs joined along their token axis, token counts the later's where they are running totals and
     added up where each response counts its own (`running_counts` False: the engine's), every other output the
-    later one's (cumulative values such as cum_log_probs and the perf metrics are running totals; context_logits
-    come with the first response only and stay). None for responses of different batch rows, which go apart."""
+    later one's (cumulative values such as cum_log_probs, output_log_probs and the perf metrics are running totals;
+    context_logits come with the first response only and stay). None for responses of different batch rows, which
+    go apart."""
     earlier_row, later_row = earlier.get("batch_index"), later.get("batch_index")
     if (earlier_row is None) != (later_row is None) or (
         earlier_row is not None and earlier_row.item() != later_row.item()

@@ -4,7 +4,11 @@
   Streaming: only the tokens new in this response (the final one may hold none, e.g. when end_id ended the
   sequence, since end_id is not part of the output). Non-streaming: one response, prompt + output unless
   exclude_input_in_output.
-- cum_log_probs [1, 1] (running total) and output_log_probs [1, 1, len] when return_log_probs.
+- cum_log_probs [1, 1] (running total) and output_log_probs [1, 1, n] when return_log_probs: n = every token
+  generated so far, in a streamed response too (not only its new ones), as TensorRT-LLM's C++ backend sends them
+  (cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::createResult: `result.logProbs = getLogProbs()`, all of
+  them, while outputTokenIds start at getMaxSentTokenPos(); triton_backend/inflight_batcher_llm/src/
+  model_instance_state.cc copies result.logProbs whole into output_log_probs [1, beams, n]).
 - context_logits [1, prompt_len, vocab] when return_context_logits (with the first response),
   generation_logits [1, 1, len, vocab] when return_generation_logits (one row per output token).
 - batch_index [1, 1] when the Triton request had batch > 1.
@@ -31,7 +35,8 @@ from embedded_engine.scheduler import EngineEvent
 Tensors = dict[str, np.ndarray]
 
 # How two streamed responses of one request merge when they wait for sending (merge_streamed_tokens): each
-# response's sequence_length and num_output_tokens count its own tokens, as TensorRT-LLM's streamed responses do.
+# response's sequence_length and num_output_tokens count its own tokens, as TensorRT-LLM's streamed responses do;
+# output_log_probs and cum_log_probs are the later's (they cover every token so far).
 merge_responses = partial(merge_streamed, running_counts=False)
 
 # The unit of the kv_cache_*_blocks perf metrics: the embedded engine's cache is not paged, so its use is
@@ -86,9 +91,9 @@ class ResponseAssembler:
         self._request = request
         self._vocab_size = vocab_size
         self._cum_log_prob = 0.0
+        self._log_probs: list[float] = []  # every generated token's, streaming or not
         # Non-streaming only: what the single final response will hold.
         self._tokens: list[int] = []
-        self._log_probs: list[float] = []
         self._generation_logits: list[np.ndarray] = []
         self._context_logits: np.ndarray | None = None
         self._generated = 0
@@ -98,15 +103,14 @@ class ResponseAssembler:
         """The tensors of the response this event causes, or None when it causes none."""
         request = self._request
         self._cum_log_prob += float(np.sum(event.log_probs, dtype=np.float64))
+        self._log_probs.extend(event.log_probs)
         self._generated += len(event.token_ids)
         self._perf.add(event)
         if request.streaming:
             if not event.token_ids and not event.finished and event.context_logits is None:
                 return None
-            return self._tensors(event.token_ids, event.log_probs, event.context_logits, event.generation_logits,
-                                 len(event.token_ids))
+            return self._tensors(event.token_ids, event.context_logits, event.generation_logits, len(event.token_ids))
         self._tokens.extend(event.token_ids)
-        self._log_probs.extend(event.log_probs)
         if event.generation_logits is not None:
             self._generation_logits.append(event.generation_logits)
         if event.context_logits is not None:
@@ -117,12 +121,11 @@ class ResponseAssembler:
         generation_logits = None
         if request.return_generation_logits:
             generation_logits = np.concatenate(self._generation_logits) if self._generation_logits else None
-        return self._tensors(tokens, self._log_probs, self._context_logits, generation_logits, self._generated)
+        return self._tensors(tokens, self._context_logits, generation_logits, self._generated)
 
     def _tensors(
         self,
         tokens: list[int],
-        log_probs: list[float],
         context_logits: np.ndarray | None,
         generation_logits: np.ndarray | None,
         new_tokens: int,
@@ -134,7 +137,7 @@ class ResponseAssembler:
         }
         if request.return_log_probs:
             outputs["cum_log_probs"] = np.array([[self._cum_log_prob]], np.float32)
-            outputs["output_log_probs"] = np.asarray(log_probs, np.float32).reshape(1, 1, -1)
+            outputs["output_log_probs"] = np.asarray(self._log_probs, np.float32).reshape(1, 1, -1)
         if request.return_context_logits and context_logits is not None:
             outputs["context_logits"] = context_logits.astype(np.float32, copy=False)[np.newaxis]
         if request.return_generation_logits:

@@ -5,7 +5,8 @@ tensorrt_llm/executor/result.py); the deltas are `token_ids_diff` / `logprobs_di
 - C++ backend's contract (as embedded_engine/responses.py and the 1.2.1 backend shape them, beam width 1): streaming,
   one response per LLM response with `output_ids` [1, 1, n] = token_ids_diff (the final one possibly empty);
   unstreamed, one response with every output id, after the prompt unless exclude_input_in_output. sequence_length
-  [1, 1]; cum_log_probs [1, 1] and output_log_probs [1, 1, n] (return_log_probs); context_logits [1, prompt, vocab]
+  [1, 1]; cum_log_probs [1, 1] and output_log_probs [1, 1, n] (return_log_probs; n: every token so far, from the
+  cumulative `logprobs`, in a streamed response too); context_logits [1, prompt, vocab]
   with the first response; generation_logits [1, 1, n, vocab]; batch_index [1, 1] for batch > 1;
   num_input_tokens / num_output_tokens [1, 1] (the latter: tokens this response carries); the perf metrics from
   `request_perf_metrics` (return_perf_metrics).
@@ -65,15 +66,15 @@ class ResponseBuilder:
     def _contract(self, output: Any) -> Tensors:
         request = self._request
         completion = output.outputs[0]
+        # output_log_probs covers every token generated so far, streaming or not (the C++ backend's contract:
+        # embedded_engine/responses.py), which is the LLM API's cumulative `logprobs`.
+        log_probs = [token_log_prob(e, t) for e, t in zip(completion.logprobs, completion.token_ids, strict=True)] \
+            if request.return_log_probs else []
         if request.streaming:
             new_ids = list(completion.token_ids_diff)
-            log_probs = [token_log_prob(e, t) for e, t in zip(completion.logprobs_diff, new_ids, strict=True)] \
-                if request.return_log_probs else []
             ids = new_ids
         else:
             new_ids = list(completion.token_ids)
-            log_probs = [token_log_prob(e, t) for e, t in zip(completion.logprobs, new_ids, strict=True)] \
-                if request.return_log_probs else []
             ids = new_ids if request.exclude_input_in_output else [*request.prompt_token_ids, *new_ids]
         tensors: Tensors = {
             "output_ids": np.asarray(ids, np.int32).reshape(1, 1, -1),

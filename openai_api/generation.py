@@ -135,6 +135,7 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
     holding = tools is not None and forced is None
     held = ""
     held_logprobs: list[tuple[str, float]] = []
+    logprobs_sent = 0  # the tokens whose log probs have gone out: a response's output_log_probs covers all so far
     last_text_at = None
     time_to_first_token = metrics.time_to_first_token.labels(model)
     # Every gap observed, gathered per stream and added to the histogram in batches (GatheredObservations).
@@ -152,7 +153,8 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
                 out = stop.push(response.text)
                 if response.finish_reason is not None:
                     out += stop.finish()
-                logprobs = _token_logprobs(response.text, response.log_probs)
+                logprobs = _token_logprobs(response.text, response.log_probs[logprobs_sent:].tolist())
+                logprobs_sent += len(logprobs)
                 if forced is not None:
                     held_logprobs += logprobs
                     name, arguments = forced.push(out)
@@ -204,9 +206,10 @@ async def choice_events(bls: TritonBls, inputs: dict[str, np.ndarray], index: in
 
 
 def _token_logprobs(delta: str, log_probs: list[float]) -> list[tuple[str, float]]:
-    """(token text, log prob) for the tokens of one response. One token per response is the rule (the engine
-    streams each token); where the server merged several into one response, their text cannot be told apart and
-    goes with the last of them."""
+    """(token text, log prob) for the tokens new in one response (`log_probs`: the tail of its output_log_probs,
+    which holds every token generated so far, past those already sent). One token per response is the rule (the
+    engine streams each token); where the server merged several into one response, their text cannot be told apart
+    and goes with the last of them."""
     if not log_probs:
         return []
     return [("", lp) for lp in log_probs[:-1]] + [(delta, log_probs[-1])]

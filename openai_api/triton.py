@@ -28,7 +28,10 @@ class BlsResponse:
     """One streamed response of tensorrt_llm_bls: the text it adds, and what the final one carries."""
 
     text: str
-    log_probs: list[float] = field(default_factory=list)  # one per token this response adds (when asked)
+    # output_log_probs (when asked): one per token generated SO FAR, not only this response's (the engine streams
+    # them cumulatively and the BLS passes each engine response's on: bls.response_loop.PER_TOKEN_AXIS). A view of
+    # the response's bytes: a reader converts only the tail it needs.
+    log_probs: np.ndarray = field(default_factory=lambda: np.zeros(0, np.float32))
     finish_reason: str | None = None  # set on the final response only
     num_input_tokens: int | None = None
     num_output_tokens: int | None = None
@@ -140,7 +143,7 @@ def _read(result) -> BlsResponse:
         if name == "text_output":
             response.text = "".join(_strings(raw))
         elif name == "output_log_probs":
-            response.log_probs = np.frombuffer(raw, dtype="<f4").tolist()
+            response.log_probs = np.frombuffer(raw, dtype="<f4")
         elif name == "finish_reason":
             response.finish_reason = _strings(raw)[0]
         elif name in ("num_input_tokens", "num_output_tokens"):

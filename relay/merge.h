@@ -18,9 +18,10 @@
 //   total_accepted_draft_tokens, total_draft_tokens), [1, 1] each: the request's mPerfMetrics as they stand when
 //   the response is made (createResult: result.requestPerfMetrics = mPerfMetrics), so the last response's.
 // Any other output keeps its response apart, sent as the engine sent it: cum_log_probs and output_log_probs
-// (createResult streams the whole sequence's log probs so far, result.logProbs = getLogProbs(), which the LLM API's
-// tensorrt_llm/executor/result.py takes whole, asserting their length is the output's; the embedded engine streams
-// each response's own: no one rule fits both engines),
+// (cpp/tensorrt_llm/batch_manager/llmRequest.cpp createResult streams the whole sequence's log probs so far,
+// result.logProbs = getLogProbs(), which the LLM API's tensorrt_llm/executor/result.py takes whole, asserting their
+// length is the output's; the embedded engine and the LLM API model stream them so too: merged, the later response's
+// would hold them all, yet such responses are kept apart, as the engine sent them),
 // context_logits and generation_logits, batch_index and sequence_index (several sequences share the stream),
 // context_phase_params, and any name not listed here. So does a response with more than one beam, data outside CPU
 // memory, or output_ids that sequence_length does not describe exactly ([1, 1, n] with sequence_length [[n]]).

@@ -210,9 +210,14 @@ class GenerationObserver:
 
 class _EngineDetails:
     """The engine outputs the final response passes on. Non-streamed: per-token arrays joined, context
-    logits from the first response, everything else (cumulative log prob, perf metrics) from the latest.
+    logits from the first response, everything else (cum_log_probs, output_log_probs, perf metrics) from the latest.
     Streamed: the per-response values went out with each token; the final response repeats the latest
-    per-request values (perf metrics, cumulative log prob), which clients read from every response."""
+    per-request values (perf metrics, cum_log_probs), which clients read from every response; output_log_probs
+    went out with each response (NVIDIA's BLS passes each engine response's on unchanged:
+    tensorrt_llm_bls/1/lib/triton_decoder.py `_get_response`, `output_log_probs=gen_res.output_log_probs`) and is
+    not repeated (the rows of a batch have different lengths). The engine streams every generated token's log
+    prob so far in each response (bls.response_loop.PER_TOKEN_AXIS says where upstream does): the latest holds
+    them all."""
 
     def __init__(self, streamed: bool) -> None:
         self._streamed = streamed
@@ -224,6 +229,9 @@ class _EngineDetails:
             if name in PER_TOKEN_AXIS:
                 if not self._streamed:
                     self._parts.setdefault(name, []).append(value)
+            elif name == "output_log_probs":
+                if not self._streamed:
+                    self._latest[name] = value
             elif name != "context_logits":
                 self._latest[name] = value
             elif not self._streamed and name not in self._latest:

@@ -142,6 +142,23 @@ def test_both_engine_hops_stream_the_same_text(endpoint, hop):
     assert ("output_log_probs" in events[0]) == (hop == "grpc")
 
 
+def test_a_streamed_response_passes_on_the_engines_log_probs_of_every_token_so_far(endpoint):
+    """NVIDIA's tensorrt_llm_bls passes each engine response's output_log_probs on unchanged (tensorrt_llm_bls/1/lib/
+    triton_decoder.py _get_response), and the engine's hold every token so far (TensorRT-LLM's llmRequest.cpp
+    LlmRequest::createResult: result.logProbs = getLogProbs()): each streamed response's are the non-streamed
+    response's first n, n the tokens streamed so far."""
+    body = {"text_input": "Once upon a time", "max_tokens": 8, "end_id": -1, "return_log_probs": True}
+    expected = np.asarray(generate(endpoint.http, BLS, body)["output_log_probs"], np.float32).reshape(-1)
+    events = generate_stream(endpoint.http, BLS, {**body, "stream": True, "return_num_output_tokens": True})
+    with_log_probs = [event for event in events if "output_log_probs" in event]
+    assert with_log_probs and expected.shape == (8,)
+    for event in with_log_probs:
+        log_probs = np.asarray(event["output_log_probs"], np.float32).reshape(-1)
+        assert log_probs.shape == (event["num_output_tokens"],)
+        np.testing.assert_allclose(log_probs, expected[: len(log_probs)], atol=1e-4)
+    assert with_log_probs[-1]["num_output_tokens"] == 8
+
+
 @pytest.mark.parametrize("hop", ENGINE_HOPS)
 def test_client_disconnect_stops_the_engine(endpoint, hop):
     inputs = {"text_input": strings("Tell me everything"), "max_tokens": np.array([[3000]], dtype=np.int32),

@@ -122,6 +122,30 @@ def test_log_probs_and_logits_shapes(endpoint, prompt, bundle):
     assert response["generation_logits"].shape[-2:] == (3, bundle.vocab_size)
 
 
+def test_a_streamed_response_carries_the_log_probs_of_every_token_so_far(endpoint, prompt):
+    """TensorRT-LLM's C++ backend streams output_log_probs cumulatively while output_ids carry the new tokens
+    (cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::createResult: `result.logProbs = getLogProbs()`):
+    each streamed response's are the non-streamed run's first n, n the tokens streamed so far (greedy, same prompt)."""
+    outputs = OUTPUTS + ["cum_log_probs", "output_log_probs"]
+    whole = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(
+        prompt, 6, return_log_probs=True, exclude_input_in_output=True), outputs)
+    (response,) = whole.responses
+    expected = response["output_log_probs"].reshape(-1)
+    assert expected.shape == (int(response["sequence_length"].reshape(-1)[0]),)
+    streamed = grpc_stream(endpoint.grpc, ENGINE, engine_inputs(
+        prompt, 6, streaming=True, return_log_probs=True), outputs)
+    assert streamed.completed and streamed.error is None
+    assert streamed_tokens(streamed) == response["output_ids"].reshape(-1).tolist()
+    so_far = 0
+    for part in streamed.responses:
+        so_far += int(part["sequence_length"].reshape(-1)[0])
+        log_probs = part["output_log_probs"].reshape(-1)
+        assert log_probs.shape == (so_far,)
+        np.testing.assert_allclose(log_probs, expected[:so_far], atol=1e-4)
+        assert np.isclose(part["cum_log_probs"].reshape(-1)[0], log_probs.sum(), atol=1e-4)
+    assert so_far == len(expected)
+
+
 def _metric(endpoint, name: str) -> float:
     return metric_value(endpoint.metrics, name, ENGINE)
 

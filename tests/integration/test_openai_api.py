@@ -14,6 +14,7 @@ import time
 
 import httpx
 import jsonschema
+import numpy as np
 import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -94,6 +95,23 @@ def test_streamed_chat_equals_non_streamed(client):
     assert len({chunk.id for chunk in seen}) == 1 and all(c.object == "chat.completion.chunk" for c in seen)
     assert seen[-1].choices == [] and seen[-1].usage.completion_tokens == full.usage.completion_tokens
     assert all(chunk.usage is None for chunk in seen[:-1])
+
+
+def test_streamed_logprobs_equal_non_streamed_and_the_bls_ones(client, endpoint):
+    """Each token's log prob once, in order, streamed or not, and the BLS's own: every engine response carries the
+    log probs of all the tokens so far (TensorRT-LLM's llmRequest.cpp LlmRequest::createResult: `result.logProbs =
+    getLogProbs()`), of which the API sends only those of the response's new tokens."""
+    expected = generate(endpoint.http, "tensorrt_llm_bls", {"messages": json.dumps(ASK), "max_tokens": 12,
+                                                            "temperature": 0.0, "return_log_probs": True})
+    bls_log_probs = np.asarray(expected["output_log_probs"], np.float32).reshape(-1).tolist()
+    whole = chat(client, temperature=0, max_tokens=12, logprobs=True).choices[0].logprobs.content
+    chunks = chat(client, temperature=0, max_tokens=12, logprobs=True, stream=True)
+    streamed = [token for chunk in chunks for choice in chunk.choices if choice.logprobs
+                for token in choice.logprobs.content]
+    assert len(whole) == len(bls_log_probs) == 12
+    assert [t.logprob for t in whole] == pytest.approx(bls_log_probs, abs=1e-4)
+    assert [t.token for t in streamed] == [t.token for t in whole]
+    assert [t.logprob for t in streamed] == pytest.approx([t.logprob for t in whole], abs=1e-6)
 
 
 def test_async_client_serves_concurrent_streams(api):

@@ -158,6 +158,24 @@ def test_streaming_sends_one_response_per_step_and_equals_unstreamed(runner, bun
     assert tokens == unstreamed.responses[0]["output_ids"].reshape(-1).tolist() and len(tokens) == 6
 
 
+def test_a_streamed_response_carries_the_log_probs_of_every_token_so_far(runner, bundle):
+    """The C++ backend's contract (llmRequest.cpp LlmRequest::createResult: `result.logProbs = getLogProbs()`): the
+    LLM API's cumulative CompletionOutput.logprobs, not logprobs_diff, in each streamed response."""
+    streamed = run(runner, bundle, contract(PROMPT, 6, streaming=True, end_id=np.int32(-1),
+                                            return_log_probs=True)).wait()
+    unstreamed = run(runner, bundle, contract(PROMPT, 6, end_id=np.int32(-1), return_log_probs=True)).wait()
+    expected = unstreamed.responses[0]["output_log_probs"].reshape(-1)
+    assert expected.shape == (6,)
+    so_far = 0
+    for response in streamed.responses:
+        so_far += response["output_ids"].size
+        log_probs = response["output_log_probs"].reshape(-1)
+        assert log_probs.shape == (so_far,)
+        np.testing.assert_allclose(log_probs, expected[:so_far], atol=1e-5)
+        assert response["cum_log_probs"].item() == pytest.approx(float(log_probs.sum()), abs=1e-4)
+    assert so_far == 6
+
+
 def test_a_cancelled_client_aborts_its_request(runner, bundle):
     cancelled = threading.Event()
     sender = Sender()

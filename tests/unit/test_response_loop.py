@@ -351,18 +351,23 @@ def test_a_response_that_cannot_be_built_ends_its_stream_only(loop):
 
 # ---- merge_streamed ------------------------------------------------------------------------------------
 
-def test_merged_responses_join_per_token_outputs_and_keep_rows_apart():
+def test_merged_responses_join_per_token_outputs_keep_running_values_and_keep_rows_apart():
     def row(index):
         return np.array([[index]], np.int32)
 
-    first = {"text_output": np.array([b"a"], dtype=object), "output_log_probs": np.array([[-1.0]], np.float32),
-             "cum_log_probs": np.array([[-1.0]], np.float32), "batch_index": row(0)}
-    second = {"text_output": np.array([b"b"], dtype=object), "output_log_probs": np.array([[-2.0]], np.float32),
-              "cum_log_probs": np.array([[-3.0]], np.float32), "batch_index": row(0)}
+    first = {"text_output": np.array([b"a"], dtype=object), "output_ids": np.array([[[7]]], np.int32),
+             "output_log_probs": np.array([[-1.0]], np.float32), "cum_log_probs": np.array([[-1.0]], np.float32),
+             "batch_index": row(0)}
+    # output_log_probs streams every token's so far, as TensorRT-LLM's llmRequest.cpp createResult sends them
+    # (result.logProbs = getLogProbs()), so the later response's holds both tokens'.
+    second = {"text_output": np.array([b"b"], dtype=object), "output_ids": np.array([[[8]]], np.int32),
+              "output_log_probs": np.array([[-1.0, -2.0]], np.float32), "cum_log_probs": np.array([[-3.0]], np.float32),
+              "batch_index": row(0)}
     merged = merge_streamed(first, second, accumulate=False)
     assert merged["text_output"].tolist() == [b"ab"]
-    assert merged["output_log_probs"].tolist() == [[-1.0, -2.0]]
-    assert merged["cum_log_probs"].tolist() == [[-3.0]]  # a running value: the later one
+    assert merged["output_ids"].tolist() == [[[7, 8]]]
+    assert merged["output_log_probs"].tolist() == [[-1.0, -2.0]]  # running values: the later one's
+    assert merged["cum_log_probs"].tolist() == [[-3.0]]
     assert merge_streamed(first, {**second, "batch_index": row(1)}, accumulate=False) is None
     assert merge_streamed(first, {k: v for k, v in second.items() if k != "batch_index"}, accumulate=False) is None
 
