@@ -160,18 +160,22 @@ def test_embedded_engine_exports_the_tensorrtllm_backend_families(endpoint):
 
 
 def test_the_kv_cache_and_request_gauges_follow_a_running_generation(endpoint):
-    """While a long generation runs, one sequence is active and holds KV blocks."""
+    """While a long generation runs, one sequence is active and holds KV blocks. A scrape is not one snapshot: each
+    iteration's stats set the gauges one by one while a scrape reads them family by family (as the C++ backend's and
+    Triton's do), so one scrape may hold the active count of an iteration and the KV blocks of the one before (the
+    rehearsal's LLM API pass met it under load); the test scrapes until both show the running sequence."""
     engine = dict(model=ENGINE, version="1")
     done = threading.Event()
     thread = threading.Thread(target=lambda: (generate(endpoint.http, BLS, {"text_input": "long", "max_tokens": 300}),
                                               done.set()))
     thread.start()
     try:
-        running = scrape_until(endpoint, lambda s: value(s, "nv_trt_llm_request_metrics", request_type="active",
-                                                         **engine) >= 1 or done.is_set())
+        running = scrape_until(endpoint, lambda s: (
+            value(s, "nv_trt_llm_request_metrics", request_type="active", **engine) >= 1
+            and value(s, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used", **engine) >= 1)
+            or done.is_set())
         if done.is_set():
-            pytest.fail("the 300-token generation ended before a scrape saw it active")
-        assert value(running, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="used", **engine) >= 1
+            pytest.fail("the 300-token generation ended before a scrape saw it active, holding KV blocks")
         assert 0 < value(running, "nv_trt_llm_kv_cache_block_metrics", kv_cache_block_type="fraction", **engine) <= 1
     finally:
         thread.join(120)
