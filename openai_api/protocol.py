@@ -114,10 +114,15 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+# Generations one request may start (chat: n; completions: n x prompts): each is an engine sequence, and a request
+# that needs more than the engine can hold and queue at once could only ever be refused (503) or starve the others.
+MAX_GENERATIONS = 16
+
+
 class _Sampling(_Strict):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
-    n: int = Field(default=1, ge=1, le=16)
+    n: int = Field(default=1, ge=1, le=MAX_GENERATIONS)
     stop: str | list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
@@ -199,6 +204,9 @@ class CompletionRequest(_Sampling):
         prompts = [self.prompt] if isinstance(self.prompt, str) else self.prompt
         if not prompts or any(not p for p in prompts):
             raise invalid("prompt", "must be a non-empty string or a list of non-empty strings")
+        if len(prompts) * self.n > MAX_GENERATIONS:
+            raise invalid("prompt", f"{len(prompts)} prompts x n={self.n} generations: at most {MAX_GENERATIONS} a "
+                                    "request")
         return prompts
 
     def check_supported(self) -> None:

@@ -387,3 +387,16 @@ def test_openapi_declares_the_routes_and_their_shapes(client):
     resolver = {"components": document["components"]}
     error_schema = {**chat["responses"]["400"]["content"]["application/json"]["schema"], **resolver}
     jsonschema.validate(client.post("/v1/chat/completions", json={**CHAT, "n": 0}).json(), error_schema)
+
+
+def test_a_completion_asking_more_generations_than_a_request_may_start_is_a_400_naming_prompt():
+    """n x prompts above MAX_GENERATIONS (the fuzzer's 7 prompts x n=12 filled the engine's 80 places: a 503 that
+    retrying never cures) is refused before any engine work; at the bound it is taken."""
+    from openai_api.errors import ApiError
+    from openai_api.protocol import MAX_GENERATIONS, CompletionRequest
+
+    with pytest.raises(ApiError) as refused:
+        CompletionRequest(model=MODEL, prompt=["a"] * 7, n=12).prompts()
+    assert refused.value.status == 400 and refused.value.param == "prompt"
+    assert "at most 16" in refused.value.message
+    assert len(CompletionRequest(model=MODEL, prompt=["a"] * 4, n=MAX_GENERATIONS // 4).prompts()) == 4
