@@ -43,7 +43,10 @@ Merge = Callable[[Tensors, Tensors], "Tensors | None"]
 log = logging.getLogger(__name__)
 
 # Per-token outputs, joined along their token axis when responses are merged (output_ids [1, 1, n],
-# generation_logits [1, 1, n, vocab]); a non-streamed BLS response joins them too. Not output_log_probs: a
+# generation_logits [1, 1, n, vocab]); a non-streamed BLS response joins them too. A streamed response of
+# TensorRT-LLM's C++ backend carries the logits of its new tokens only (LlmRequest::createResult, streaming:
+# `slice(getGenerationLogitsHost(), startGenTokenPos, maxNbTokensOut)`, the positions since the last response, as its
+# output ids). Not output_log_probs: a
 # streamed response of TensorRT-LLM's C++ backend carries the log probs of ALL the tokens generated so far
 # (cpp/tensorrt_llm/batch_manager/llmRequest.cpp LlmRequest::createResult: `result.logProbs = getLogProbs()`, while
 # outputTokenIds start at getMaxSentTokenPos()), so the later response's replaces the earlier's, as cum_log_probs.

@@ -10,7 +10,8 @@
   them, while outputTokenIds start at getMaxSentTokenPos(); triton_backend/inflight_batcher_llm/src/
   model_instance_state.cc copies result.logProbs whole into output_log_probs [1, beams, n]).
 - context_logits [1, prompt_len, vocab] when return_context_logits (with the first response),
-  generation_logits [1, 1, len, vocab] when return_generation_logits (one row per output token).
+  generation_logits [1, 1, len, vocab] when return_generation_logits (one row per output token; streamed: the
+  response's new tokens' only, as llmRequest.cpp createResult slices them from the last response on).
 - batch_index [1, 1] when the Triton request had batch > 1.
 
 `TritonRequestStream` gathers the rows of one Triton request: each row's responses go out as they come (to the
