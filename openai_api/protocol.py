@@ -114,6 +114,10 @@ class ResponseFormat(_Strict):
     json_schema: JsonSchemaFormat | None = None
 
 
+# Every integer that becomes an int32 tensor of the BLS (max_tokens, top_k, min_tokens) is at most this: numpy would
+# wrap a larger one silently (2**32 + 5 tokens as 5) or fail with an OverflowError, where the client is owed a 400.
+INT32_MAX = 2**31 - 1
+
 # Generations one request may start (chat: n; completions: n x prompts): each is an engine sequence, and a request
 # that needs more than the engine can hold and queue at once could only ever be refused (503) or starve the others.
 MAX_GENERATIONS = 16
@@ -121,7 +125,7 @@ MAX_GENERATIONS = 16
 
 class _Sampling(_Strict):
     model: str
-    max_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     n: int = Field(default=1, ge=1, le=MAX_GENERATIONS)
     stop: str | list[str] | None = None
     temperature: float | None = Field(default=None, ge=0, le=2)
@@ -136,8 +140,8 @@ class _Sampling(_Strict):
     user: str | None = None
     # Extensions that vLLM's and TensorRT-LLM's OpenAI servers also take (benchmark clients send them): sampling's
     # top_k, a least output length, and generation to max_tokens whatever the model's end of turn.
-    top_k: int | None = Field(default=None, ge=0)
-    min_tokens: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=0, le=INT32_MAX)
+    min_tokens: int | None = Field(default=None, ge=0, le=INT32_MAX)
     ignore_eos: bool = False
 
     def stop_strings(self) -> list[str]:
@@ -157,7 +161,7 @@ class _Sampling(_Strict):
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1, le=INT32_MAX)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     tools: list[Tool] | None = Field(default=None, min_length=1)  # [] is a 400, as OpenAI and vLLM answer it
@@ -194,7 +198,7 @@ class ChatCompletionRequest(_Sampling):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str]
-    max_tokens: int | None = Field(default=16, ge=1)  # OpenAI's default for completions
+    max_tokens: int | None = Field(default=16, ge=1, le=INT32_MAX)  # OpenAI's default for completions
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1)

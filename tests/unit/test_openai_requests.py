@@ -400,3 +400,17 @@ def test_a_completion_asking_more_generations_than_a_request_may_start_is_a_400_
     assert refused.value.status == 400 and refused.value.param == "prompt"
     assert "at most 16" in refused.value.message
     assert len(CompletionRequest(model=MODEL, prompt=["a"] * 4, n=MAX_GENERATIONS // 4).prompts()) == 4
+
+
+@pytest.mark.parametrize(("path", "field"), [("/v1/chat/completions", "max_tokens"),
+                                             ("/v1/chat/completions", "max_completion_tokens"),
+                                             ("/v1/chat/completions", "top_k"), ("/v1/completions", "min_tokens"),
+                                             ("/v1/completions", "max_tokens"), ("/v1/completions", "top_k")])
+def test_an_integer_beyond_the_engines_int32_inputs_is_a_400_naming_it(client, path, field):
+    """The schema fuzz sent top_k 86019372623284525070286848: an OverflowError (500) making its int32 tensor; numpy
+    wraps a value between 2**31 and 2**63 silently instead (max_tokens 2**32 + 5 would have generated 5)."""
+    body = CHAT if path == "/v1/chat/completions" else {"model": MODEL, "prompt": "Hello"}
+    for value in (2**31, 2**32 + 5, 86019372623284525070286848):
+        answer = client.post(path, json={**body, field: value})
+        assert answer.status_code == 400, (field, value, answer.text)
+        assert answer.json()["error"]["param"] == field
