@@ -99,17 +99,21 @@ def served_checkpoint(endpoint, repo_dir) -> Path:
     return version_dir / checkpoint
 
 
+def assembled_repository(tmp_path_factory, name: str, **settings) -> Path:
+    """A repository assembled here from build/assets (the tokenizer, the tiny target) on the embedded engine, with
+    RepositorySettings fields overridden; the test is skipped where `make repo` has not made the assets."""
+    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
+        pytest.skip("build/assets is missing: run `make repo`")
+    return assemble_repository(tmp_path_factory.mktemp(name) / "repo", RepositorySettings(
+        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", **settings))
+
+
 @contextmanager
 def built_repository_server(request, tmp_path_factory, name: str, then: Callable[[Path], Path] = lambda repo: repo,
                             **settings) -> Iterator[TritonServer]:
-    """tritonserver on a repository assembled here from build/assets (the tokenizer, the tiny target) with
-    RepositorySettings fields overridden, and `then` applied to it: for tests of build-time settings, which
-    --server-url cannot serve."""
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    repo = assemble_repository(tmp_path_factory.mktemp(name) / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", **settings))
-    repo = then(repo)
+    """tritonserver on assembled_repository(name, **settings) with `then` applied to it: for tests of build-time
+    settings, which --server-url cannot serve."""
+    repo = then(assembled_repository(tmp_path_factory, name, **settings))
     with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
         yield server
 

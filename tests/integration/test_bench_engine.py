@@ -11,23 +11,21 @@ from __future__ import annotations
 import queue
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 
 from embedded_engine.synthetic import TEXT_CYCLE
-from engine_build.repository import RepositorySettings, assemble_repository, can_compile_relay
+from engine_build.repository import can_compile_relay
 from serving.tritonserver import TritonServer
 from testkit.grpc import grpc_stream, tensor
 from testkit.http import HttpError, HttpSession, generate, generate_stream
+from tests.integration.conftest import assembled_repository
 from tests.integration.test_bls import BLS, streamed_text
 from tests.integration.test_engine import ENGINE, OUTPUTS, engine_inputs, streamed_tokens
 from tools import bench_engine
 
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "build" / "assets"
 PROMPT = [128000, 9906, 1917]
 MAX_ACTIVE = 2  # and no queue: two held streams fill the engine
 LONG = 100_000  # tokens: 500 s at 5 ms a step, so a stream ends early only if cancelled
@@ -38,10 +36,7 @@ TEXT_BODY = {"text_input": "Once upon a time", "max_tokens": 24, "end_id": -1}
 def server(tmp_path_factory):
     if not can_compile_relay():
         pytest.skip("the bench engine needs a C++ compiler (g++ or CXX)")
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    repo = assemble_repository(tmp_path_factory.mktemp("bench-engine") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True))
+    repo = assembled_repository(tmp_path_factory, "bench-engine", synthetic=True)
     bench_engine.install(repo, step_ms=5.0, max_active_requests=MAX_ACTIVE, max_queued_requests=0)
     with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:
         yield server

@@ -22,18 +22,16 @@ import httpx
 import numpy as np
 import pytest
 
-from engine_build.repository import RepositorySettings, assemble_repository
 from serving.tritonserver import TritonServer, exit_timeout_s, server_command, server_environment
 from testkit.grpc import grpc_stream
 from testkit.http import HttpError, generate, generate_stream
 from testkit.metrics import metric_values
 from testkit.openai_api import openai_api
 from testkit.processes import stub_process
+from tests.integration.conftest import assembled_repository
 
 BLS = "tensorrt_llm_bls"
 ENGINE = "tensorrt_llm"
-ROOT = Path(__file__).resolve().parents[2]
-ASSETS = ROOT / "build" / "assets"
 # A client that sees no event for this long counts as hung; generous for a loaded 2-core box.
 HUNG_AFTER_S = 10.0
 # Sampling (top_k 50) with frequency_penalty -3e38: the first token is normal, the second repeats it
@@ -43,11 +41,7 @@ ENGINE_FAILS_AT_THIRD_TOKEN = {"frequency_penalty": -3e38, "top_k": 50, "end_id"
 
 
 def _synthetic_repository(tmp_path_factory, **overrides) -> Path:
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("faults") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
-        **overrides))
+    return assembled_repository(tmp_path_factory, "faults", synthetic=True, **overrides)
 
 
 @pytest.fixture(scope="module")
@@ -301,11 +295,8 @@ def test_small_dev_shm(synthetic_repo, tmp_path):
 @pytest.fixture(scope="module")
 def small_engine_repo(tmp_path_factory) -> Path:
     """One sequence at a time and one waiting, at a GPU-like 50 ms a step: capacity is easy to exceed."""
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("small") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
-        max_active_requests=1, max_queued_requests=1, step_ms=50))
+    return assembled_repository(tmp_path_factory, "small", synthetic=True, max_active_requests=1,
+                                max_queued_requests=1, step_ms=50)
 
 
 def test_overload_is_answered_unavailable_at_once(small_engine_repo, tmp_path):

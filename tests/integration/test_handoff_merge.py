@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from tokenizers import Tokenizer
 
-from engine_build.repository import RepositorySettings, assemble_repository, can_compile_relay
+from engine_build.repository import can_compile_relay
 from serving.tritonserver import TritonServer
 from testkit.grpc import grpc_stream
 from testkit.http import generate
-from tests.integration.conftest import ASSETS, Endpoint
+from tests.integration.conftest import ASSETS, Endpoint, assembled_repository
 from tests.integration.test_metrics import delta, scrape, scrape_until
 from tools import bench_engine
 
@@ -34,13 +34,10 @@ CYCLE_TEXT = " The quick brown fox 🇫🇷 jumps over 龘 the 𝄞 dog."
 def server(tmp_path_factory):
     if not can_compile_relay():
         pytest.skip("no C++ compiler here: the handoff is part of the relay (relay/), the bench engine is C++")
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
+    repo = assembled_repository(tmp_path_factory, "handoff-merge", synthetic=True, handoff_sender_threads=1,
+                                max_active_requests=STREAMS, max_queued_requests=STREAMS)
     cycle = Tokenizer.from_file(str(ASSETS / "tokenizer" / "tokenizer.json")).encode(
         CYCLE_TEXT, add_special_tokens=False).ids
-    repo = assemble_repository(tmp_path_factory.mktemp("handoff-merge") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
-        handoff_sender_threads=1, max_active_requests=STREAMS, max_queued_requests=STREAMS))
     bench_engine.install(repo, step_ms=0.0, max_active_requests=STREAMS, max_queued_requests=STREAMS,
                          text_cycle=cycle)
     with TritonServer(repo, log_path=tmp_path_factory.mktemp("log") / "tritonserver.log") as server:

@@ -16,11 +16,11 @@ import socket
 import pytest
 
 from engine_build.check_repo import check_repository
-from engine_build.repository import MANIFEST, RepositorySettings, assemble_repository
+from engine_build.repository import MANIFEST
 from serving.tritonserver import TritonServer
 from testkit.http import generate
 
-from .conftest import ASSETS
+from .conftest import assembled_repository
 
 boto3 = pytest.importorskip("boto3")
 moto_server = pytest.importorskip("moto.server")
@@ -37,11 +37,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def unary_repo(tmp_path_factory):
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("unary") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq",
-        decoupled=False))
+    return assembled_repository(tmp_path_factory, "unary", decoupled=False)
 
 
 @pytest.fixture(scope="module")

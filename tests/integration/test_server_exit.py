@@ -37,7 +37,6 @@ import numpy as np
 import psutil
 import pytest
 
-from engine_build.repository import RepositorySettings, assemble_repository
 from openai_api.triton import TritonBls, scalar, text
 from serving.tritonserver import ServerPorts, TritonServer, answers_200, exit_timeout_s
 from testkit.grpc import grpc_stream
@@ -45,7 +44,7 @@ from testkit.http import HttpError, HttpSession
 from testkit.metrics import metric_values
 from testkit.openai_api import free_port
 from testkit.processes import triton_processes
-from tests.integration.conftest import ASSETS
+from tests.integration.conftest import assembled_repository
 
 ROOT = Path(__file__).resolve().parents[2]
 # The watch's poll, with room for a loaded 2-core host.
@@ -56,11 +55,7 @@ LONG_STREAM = {"text_input": "tell me", "max_tokens": 4000, "end_id": -1, "strea
 @pytest.fixture(scope="module")
 def paced_repo(tmp_path_factory) -> Path:
     """The synthetic engine at 5 ms a step: quick to start, streams that last."""
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("server_exit") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
-        step_ms=5.0))
+    return assembled_repository(tmp_path_factory, "server_exit", synthetic=True, step_ms=5.0)
 
 
 def start_streams(server: TritonServer) -> list[threading.Thread]:
@@ -127,11 +122,8 @@ def relay_directories(log_path: Path) -> list[str]:
 @pytest.fixture(scope="module")
 def unary_repo(tmp_path_factory) -> Path:
     """The unary topology (DECOUPLED=false) on the synthetic engine at 5 ms a step."""
-    if not (ASSETS / "tokenizer" / "tokenizer.json").is_file():
-        pytest.skip("build/assets is missing: run `make repo`")
-    return assemble_repository(tmp_path_factory.mktemp("server_exit_unary") / "repo", RepositorySettings(
-        engine="embedded", tokenizer_dir=ASSETS / "tokenizer", target=ASSETS / "tiny-target-awq", synthetic=True,
-        step_ms=5.0, decoupled=False))
+    return assembled_repository(tmp_path_factory, "server_exit_unary", synthetic=True, step_ms=5.0,
+                                decoupled=False)
 
 
 @dataclass
@@ -282,6 +274,14 @@ def wait_engine_idle(server: TritonServer, timeout_s: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def wait_for_clients_and_idle_engine(server: TritonServer, clients: list[threading.Thread]) -> None:
+    """Every client has ended (each within 60 s), and the engine holds nothing they left."""
+    for client in clients:
+        client.join(60)
+        assert not client.is_alive()
+    wait_engine_idle(server)
+
+
 def abandon_http_generate(server: TritonServer, model: str, body: dict) -> None:
     """A non-streamed request whose client gives up (a 0.5 s timeout) and closes the connection."""
     host, _, port = server.http_url.rpartition(":")
@@ -356,10 +356,7 @@ def test_a_stop_after_clients_left_mid_request_is_clean(paced_repo, tmp_path):
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
         clients = leave_mid_request(server, "tensorrt_llm_bls")
         asyncio.run(api_generations(server, full=10, closed=4, abandoned=4))
-        for client in clients:
-            client.join(60)
-            assert not client.is_alive()
-        wait_engine_idle(server)
+        wait_for_clients_and_idle_engine(server, clients)
         stop_cleanly(server, Footprint.of(server.process.pid, server.log_path))
 
 
@@ -371,10 +368,7 @@ def test_a_stop_after_ensemble_clients_left_mid_request_is_clean(paced_repo, tmp
     that known failure is an expected one; on any other server it fails."""
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
         clients = leave_mid_request(server, "ensemble")
-        for client in clients:
-            client.join(60)
-            assert not client.is_alive()
-        wait_engine_idle(server)
+        wait_for_clients_and_idle_engine(server, clients)
         if stop_cleanly(server, Footprint.of(server.process.pid, server.log_path), ensemble_in_flight=True):
             pytest.xfail("Triton 2.51's ensemble keeps a request whose client left in flight (core #466)")
 
@@ -417,10 +411,7 @@ def test_a_unary_stop_after_clients_gave_up_is_clean(unary_repo, tmp_path):
                    for _ in range(2)]
         for client in clients:
             client.start()
-        for client in clients:
-            client.join(60)
-            assert not client.is_alive()
-        wait_engine_idle(server)
+        wait_for_clients_and_idle_engine(server, clients)
         stop_cleanly(server, Footprint.of(server.process.pid, server.log_path))
 
 
