@@ -83,7 +83,10 @@ std::string ReadOutput(TRITONSERVER_InferenceResponse* response, uint32_t index,
 // (exit status 1). So the relay learns of the signal itself: once Triton has installed its handlers (with signal(),
 // right after TRITONSERVER_ServerNew loaded the models: src/triton_signal.cc RegisterSignalHandler), a handler of
 // ours is put in front of each; it notes the signal and calls Triton's. Finalize puts Triton's back before the
-// library can be unloaded.
+// library can be unloaded. The chain is made at the first check after Triton's handlers are there (the relay's and
+// the handoff's checks run every kCancellationPeriod): a signal in between (a stop within ~100 ms of the server's
+// start) is Triton's alone, and this copy learns of the stop only from TRITONSERVER_ServerIsLive, after the drain.
+// The log says when each copy watches ("watching tritonserver's stop signals").
 namespace {
 
 constexpr int kStopSignals[] = {SIGINT, SIGTERM};
@@ -131,6 +134,7 @@ bool ChainStopSignals() {
     previous[i] = replaced;
   }
   chained = true;
+  Log(TRITONSERVER_LOG_INFO, "watching tritonserver's stop signals (SIGINT, SIGTERM)");
   return true;
 }
 

@@ -109,6 +109,7 @@ def test_every_stub_exits_when_tritonserver_ends(paced_repo, tmp_path, ending):
 # ---- a stop is clean ------------------------------------------------------------------------------------------------
 
 SHUTDOWN = "tritonserver is shutting down"  # relay/relay.h kShutdownMessage
+WATCHING_STOP_SIGNALS = "watching tritonserver's stop signals"  # relay/backend.cc ChainStopSignals, once a copy
 # After tritonserver has exited 0, its stubs are gone (it waits for each) and their watchers follow within their poll.
 LEFTOVERS_GONE_WITHIN_S = 10.0
 
@@ -469,12 +470,18 @@ def test_ctrl_c_of_serve_stops_tritonserver_then_the_api_cleanly(paced_repo, tmp
 def test_requests_during_the_stop_are_refused_with_the_shutdown_error(paced_repo, tmp_path):
     """Triton's HTTP frontend waits for every open connection before it stops the models, and requests still come on
     the connections it waits for: the relay and the handoff refuse them with the shutdown's error (a keep-alive
-    connection held open here). Once the client closes it, the stop goes on, clean."""
+    connection held open here). Once the client closes it, the stop goes on, clean. The stop is sent once the relay
+    and the handoff watch the stop signals (relay/backend.cc: each chains its handler at its first check after
+    Triton installed its own, within ~100 ms of the start; a stop before that reaches them only after the drain)."""
     with TritonServer(paced_repo, log_path=tmp_path / "tritonserver.log") as server:
         sessions = {model: HttpSession(server.http_url, timeout_s=60) for model in ("tensorrt_llm_bls", "ensemble")}
         short = {"text_input": "tell me", "max_tokens": 3}
         for model, session in sessions.items():
             assert session.generate(model, short)["text_output"]
+        deadline = time.monotonic() + 30
+        while server.log_path.read_text(errors="replace").count(WATCHING_STOP_SIGNALS) < 2:
+            assert time.monotonic() < deadline, "the relay and the handoff never watched the stop signals"
+            time.sleep(0.05)
         footprint = Footprint.of(server.process.pid, server.log_path)
         server.process.send_signal(signal.SIGTERM)
         deadline = time.monotonic() + 30
