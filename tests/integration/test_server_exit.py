@@ -283,6 +283,14 @@ def wait_for_clients_and_idle_engine(server: TritonServer, clients: list[threadi
     wait_engine_idle(server)
 
 
+def wait_for_log(server: TritonServer, line: str, failure: str) -> None:
+    """Until the server's log says `line` twice, the relay's copy and the handoff's (30 s at most)."""
+    deadline = time.monotonic() + 30
+    while server.log_path.read_text(errors="replace").count(line) < 2:
+        assert time.monotonic() < deadline, failure
+        time.sleep(0.05)
+
+
 def abandon_http_generate(server: TritonServer, model: str, body: dict) -> None:
     """A non-streamed request whose client gives up (a 0.5 s timeout) and closes the connection."""
     host, _, port = server.http_url.rpartition(":")
@@ -478,16 +486,10 @@ def test_requests_during_the_stop_are_refused_with_the_shutdown_error(paced_repo
         short = {"text_input": "tell me", "max_tokens": 3}
         for model, session in sessions.items():
             assert session.generate(model, short)["text_output"]
-        deadline = time.monotonic() + 30
-        while server.log_path.read_text(errors="replace").count(WATCHING_STOP_SIGNALS) < 2:
-            assert time.monotonic() < deadline, "the relay and the handoff never watched the stop signals"
-            time.sleep(0.05)
+        wait_for_log(server, WATCHING_STOP_SIGNALS, "the relay and the handoff never watched the stop signals")
         footprint = Footprint.of(server.process.pid, server.log_path)
         server.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 30
-        while server.log_path.read_text(errors="replace").count(SHUTDOWN) < 2:  # the relay's and the handoff's word
-            assert time.monotonic() < deadline, "neither the relay nor the handoff saw the stop"
-            time.sleep(0.1)
+        wait_for_log(server, SHUTDOWN, "the relay and the handoff did not both see the stop")
         for model, session in sessions.items():
             with pytest.raises(HttpError, match=SHUTDOWN):
                 session.generate(model, short)
